@@ -1,0 +1,85 @@
+"""Shared helpers: cache location, logging, running commands with clear failures."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+_T0 = time.monotonic()
+
+
+class HostError(RuntimeError):
+    """A step failed; the message names the step and what to do about it."""
+
+
+def cache_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    path = Path(base) / "cnpa-op"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def log(msg: str) -> None:
+    print(f"[testhost {time.monotonic() - _T0:7.1f}s] {msg}", file=sys.stderr, flush=True)
+
+
+def run(cmd: list[str], *, step: str, cwd: Path | None = None, env: dict | None = None,
+        quiet: bool = False, logfile: Path | None = None, timeout: float | None = None) -> str:
+    """Run cmd; on failure raise HostError naming the step (and the log file if any)."""
+    full_env = dict(os.environ, **(env or {}))
+    if logfile is not None:
+        with open(logfile, "ab") as fh:
+            proc = subprocess.run(cmd, cwd=cwd, env=full_env, stdout=fh, stderr=subprocess.STDOUT,
+                                  stdin=subprocess.DEVNULL, timeout=timeout, check=False)
+        if proc.returncode != 0:
+            tail = Path(logfile).read_text(errors="replace").splitlines()[-25:]
+            raise HostError(f"{step} failed (exit {proc.returncode}); last lines of {logfile}:\n"
+                            + "\n".join(tail))
+        return ""
+    proc = subprocess.run(cmd, cwd=cwd, env=full_env, capture_output=True, text=True,
+                          stdin=subprocess.DEVNULL, timeout=timeout, check=False)
+    if proc.returncode != 0:
+        raise HostError(f"{step} failed (exit {proc.returncode}): {' '.join(cmd)}\n"
+                        f"{proc.stderr.strip() or proc.stdout.strip()}")
+    if not quiet and proc.stdout.strip():
+        log(proc.stdout.strip().splitlines()[-1])
+    return proc.stdout
+
+
+def require_root() -> None:
+    if os.geteuid() != 0:
+        raise HostError("the test host needs root (debootstrap, systemd-nspawn, nsenter)")
+
+
+_apt_updated = False
+
+
+def apt_install(packages: list[str]) -> None:
+    """Install Debian packages that are missing (dpkg-query decides), updating lists once."""
+    global _apt_updated
+    missing = []
+    for pkg in packages:
+        probe = subprocess.run(["dpkg-query", "-W", "-f=${Status}", pkg],
+                               capture_output=True, text=True, check=False)
+        if "install ok installed" not in probe.stdout:
+            missing.append(pkg)
+    if not missing:
+        return
+    log(f"installing Debian packages: {' '.join(missing)}")
+    env = {"DEBIAN_FRONTEND": "noninteractive"}
+    if not _apt_updated:
+        run(["apt-get", "update", "-qq"], step="apt-get update", env=env, quiet=True)
+        _apt_updated = True
+    run(["apt-get", "install", "-y", "-qq", "--no-install-recommends", *missing],
+        step=f"apt-get install {' '.join(missing)}", env=env, quiet=True)
+
+
+def which_or_fail(tool: str, package: str) -> str:
+    path = shutil.which(tool)
+    if not path:
+        raise HostError(f"{tool} not found; install Debian package {package}")
+    return path

@@ -1,0 +1,134 @@
+"""A cached Debian trixie rootfs for the test host: systemd, sshd, etcd, kubectl, jq, python3.
+
+trixie because its kubectl (1.32) has --subresource and its etcd-server is 3.5. The tree is
+debootstrapped once, given the host's unit files (see files/), and stored as a tarball keyed by
+a hash of everything that went into it, so editing files/ or the package list rebuilds it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import tarfile
+from pathlib import Path
+
+from .common import HostError, apt_install, cache_dir, log, run
+
+SUITE = "trixie"
+MIRROR = "http://deb.debian.org/debian"
+PACKAGES = [
+    "systemd", "systemd-sysv", "dbus", "openssh-server", "python3", "kubectl", "jq",
+    "etcd-server", "openssl", "ca-certificates", "iproute2", "procps", "curl", "less",
+]
+FILES = Path(__file__).with_name("files")
+
+
+def _key() -> str:
+    digest = hashlib.sha256(f"{SUITE} {MIRROR} {' '.join(PACKAGES)}".encode())
+    for path in sorted(FILES.rglob("*")):
+        if path.is_file():
+            digest.update(str(path.relative_to(FILES)).encode())
+            digest.update(path.read_bytes())
+    return digest.hexdigest()[:12]
+
+
+def tarball() -> Path:
+    return cache_dir() / f"rootfs-{SUITE}-{_key()}.tar"
+
+
+def _debootstrap_cached() -> Path:
+    """The plain debootstrap tree, cached separately so editing files/ does not re-download."""
+    digest = hashlib.sha256(f"{SUITE} {MIRROR} {' '.join(PACKAGES)}".encode()).hexdigest()[:12]
+    base = cache_dir() / f"debootstrap-{SUITE}-{digest}.tar"
+    if base.exists():
+        return base
+    apt_install(["debootstrap"])
+    tree = cache_dir() / "debootstrap.partial"
+    shutil.rmtree(tree, ignore_errors=True)
+    logfile = cache_dir() / "debootstrap.log"
+    logfile.unlink(missing_ok=True)
+    log(f"debootstrap {SUITE} (about 90 s and 300 MB; log: {logfile})")
+    run(["debootstrap", "--variant=minbase", f"--include={','.join(PACKAGES)}", SUITE,
+         str(tree), MIRROR], step=f"debootstrap {SUITE}", logfile=logfile)
+    shutil.rmtree(tree / "var/cache/apt/archives", ignore_errors=True)
+    (tree / "var/cache/apt/archives/partial").mkdir(parents=True)
+    _pack(tree, base)
+    shutil.rmtree(tree)
+    return base
+
+
+def _pack(tree: Path, dest: Path) -> None:
+    tmp = dest.with_suffix(".partial")
+    run(["tar", "--numeric-owner", "--xattrs", "-C", str(tree), "-cf", str(tmp), "."],
+        step=f"pack {dest.name}", quiet=True)
+    tmp.rename(dest)
+
+
+def _customise(tree: Path) -> None:
+    """Install the host's own files and settings that are the same for every instance."""
+    for src in sorted(FILES.rglob("*")):
+        rel = src.relative_to(FILES)
+        dest = tree / rel
+        if src.is_dir():
+            dest.mkdir(parents=True, exist_ok=True)
+            continue
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(src, dest)
+        if rel.parts[:2] == ("usr", "local") or src.suffix == ".sh":
+            dest.chmod(0o755)
+    # Host keys are per instance (made at create time); the ones debootstrap made are shared.
+    for key in (tree / "etc/ssh").glob("ssh_host_*"):
+        key.unlink()
+    # Debian's etcd.service would start on 2379 in the shared network namespace; ours replaces it.
+    wants = tree / "etc/systemd/system/multi-user.target.wants"
+    wants.mkdir(parents=True, exist_ok=True)
+    for unit in ("etcd.service", "kube-apiserver.service", "kube-controller-manager.service"):
+        link = wants / unit
+        link.unlink(missing_ok=True)
+        link.symlink_to(f"/etc/systemd/system/{unit}")
+    # As on k3s, root's plain `kubectl` finds the admin kubeconfig.
+    kube = tree / "root/.kube"
+    kube.mkdir(parents=True, exist_ok=True)
+    (kube / "config").unlink(missing_ok=True)
+    (kube / "config").symlink_to("/etc/rancher/k3s/k3s.yaml")
+    # Units that only make noise or fail in a container without hardware.
+    for unit in ("systemd-timesyncd.service", "apt-daily.timer", "apt-daily-upgrade.timer",
+                 "e2scrub_all.timer", "fstrim.timer", "dpkg-db-backup.timer"):
+        (tree / "etc/systemd/system" / unit).unlink(missing_ok=True)
+        (tree / "etc/systemd/system" / unit).symlink_to("/dev/null")
+
+
+def ensure() -> Path:
+    """Return the path of the customised rootfs tarball, building it if needed."""
+    dest = tarball()
+    if dest.exists():
+        log(f"rootfs cached: {dest}")
+        return dest
+    if os.geteuid() != 0:
+        raise HostError("building the rootfs needs root")
+    base = _debootstrap_cached()
+    tree = cache_dir() / "rootfs.partial"
+    shutil.rmtree(tree, ignore_errors=True)
+    tree.mkdir()
+    log(f"customising rootfs from {base.name}")
+    run(["tar", "--numeric-owner", "--xattrs", "-C", str(tree), "-xf", str(base)],
+        step="unpack debootstrap tree", quiet=True)
+    _customise(tree)
+    _pack(tree, dest)
+    shutil.rmtree(tree)
+    for old in cache_dir().glob(f"rootfs-{SUITE}-*.tar"):
+        if old != dest:
+            old.unlink()
+    log(f"rootfs ready: {dest}")
+    return dest
+
+
+def unpack(dest: Path) -> None:
+    if dest.exists():
+        raise HostError(f"{dest} already exists")
+    dest.mkdir(parents=True)
+    with tarfile.open(ensure()) as _:
+        pass
+    run(["tar", "--numeric-owner", "--xattrs", "-C", str(dest), "-xf", str(ensure())],
+        step=f"unpack rootfs into {dest}", quiet=True)
