@@ -1,25 +1,75 @@
-"""Command line: python -m testhost build|rootfs|create|destroy|status."""
+"""python -m testhost: build, create, stop/start, inspect and destroy throwaway k3s-style hosts."""
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
+import time
 
 from . import build as build_mod
-from .common import HostError, require_root
+from . import instance as inst_mod
+from . import rootfs
+from .common import HostError, log, require_root
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m testhost", description=__doc__)
     sub = parser.add_subparsers(dest="cmd", required=True)
     sub.add_parser("build", help="build (or reuse) the cached control-plane binaries")
+    sub.add_parser("rootfs", help="build (or reuse) the cached rootfs tarball")
+    p = sub.add_parser("create", help="create and boot a host, wait until the API is ready")
+    p.add_argument("name")
+    p.add_argument("--no-wait", action="store_true", help="return once systemd has booted")
+    p = sub.add_parser("destroy", help="power off and remove a host, check nothing is left")
+    p.add_argument("name")
+    p.add_argument("--keep-files", action="store_true", help="keep the instance directory")
+    p = sub.add_parser("stop", help="power off, keep the host's files (start boots it again)")
+    p.add_argument("name")
+    p = sub.add_parser("start", help="boot a stopped host again and wait until ready")
+    p.add_argument("name")
+    p = sub.add_parser("info", help="print a host's connection details as JSON")
+    p.add_argument("name")
+    p = sub.add_parser("exec", help="run a command inside a host (nsenter)")
+    p.add_argument("name")
+    p.add_argument("command", nargs=argparse.REMAINDER)
+    sub.add_parser("list", help="list hosts")
     args = parser.parse_args(argv)
     try:
         require_root()
         if args.cmd == "build":
             print(build_mod.build())
+        elif args.cmd == "rootfs":
+            print(rootfs.ensure())
+        elif args.cmd == "create":
+            t0 = time.monotonic()
+            inst = inst_mod.create(args.name, wait=not args.no_wait)
+            print(json.dumps(inst.info() | {"create_seconds": round(time.monotonic() - t0, 1)},
+                             indent=2))
+        elif args.cmd == "destroy":
+            inst_mod.destroy(args.name, keep_files=args.keep_files)
+        elif args.cmd == "stop":
+            inst_mod.Instance.load(args.name).poweroff()
+        elif args.cmd == "start":
+            inst = inst_mod.Instance.load(args.name)
+            inst.boot()
+            inst.wait_ready()
+            inst.save()
+        elif args.cmd == "info":
+            print(json.dumps(inst_mod.Instance.load(args.name).info(), indent=2))
+        elif args.cmd == "exec":
+            cmd = args.command[1:] if args.command[:1] == ["--"] else args.command
+            proc = inst_mod.Instance.load(args.name).exec(cmd, check=False, timeout=600)
+            sys.stdout.write(proc.stdout)
+            sys.stderr.write(proc.stderr)
+            return proc.returncode
+        elif args.cmd == "list":
+            for state in sorted(inst_mod.instances_dir().glob("*/state.json")):
+                inst = inst_mod.Instance.load(state.parent.name)
+                print(f"{inst.name}\t{'running' if inst.running() else 'stopped'}\t"
+                      f"ssh={inst.ports.get('ssh')}\tapi={inst.ports.get('apiserver')}")
     except HostError as exc:
-        print(f"testhost: {exc}", file=sys.stderr)
+        log(f"error: {exc}")
         return 1
     return 0
 

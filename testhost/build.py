@@ -8,6 +8,7 @@ reflect2 1.0.2 before building. The result is cached, keyed by the source versio
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 import subprocess
@@ -96,6 +97,20 @@ def _replace_reflect2(tree: Path, work: Path) -> None:
 
 def build(force: bool = False) -> Path:
     """Return the directory holding the binaries, building them if the cache lacks them."""
+    lock_path = cache_dir() / "build.lock"
+    with open(lock_path, "w") as lock:
+        if not built():
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                log("another process is building the control plane; waiting for it")
+                fcntl.flock(lock, fcntl.LOCK_EX)
+        else:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        return _build_locked(force)
+
+
+def _build_locked(force: bool) -> Path:
     if built() and not force:
         log(f"control plane cached in {bin_dir()}")
         return bin_dir()

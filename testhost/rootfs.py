@@ -10,7 +10,6 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
-import tarfile
 from pathlib import Path
 
 from .common import HostError, apt_install, cache_dir, log, run
@@ -122,13 +121,3 @@ def ensure() -> Path:
             old.unlink()
     log(f"rootfs ready: {dest}")
     return dest
-
-
-def unpack(dest: Path) -> None:
-    if dest.exists():
-        raise HostError(f"{dest} already exists")
-    dest.mkdir(parents=True)
-    with tarfile.open(ensure()) as _:
-        pass
-    run(["tar", "--numeric-owner", "--xattrs", "-C", str(dest), "-xf", str(ensure())],
-        step=f"unpack rootfs into {dest}", quiet=True)
