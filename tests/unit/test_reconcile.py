@@ -1,0 +1,210 @@
+"""reconcile.sh against a fake kubectl: desired state, zero writes when converged, finalizers.
+
+These run the real script with bash and jq; only kubectl is replaced (tests/unit/fake_kubectl.py).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "reconcile.sh"
+FAKE = Path(__file__).with_name("fake_kubectl.py")
+FIN = "platform.labhub.io/cleanup"
+LABEL = "platform.labhub.io/teamspace"
+
+pytestmark = pytest.mark.skipif(not (shutil.which("bash") and shutil.which("jq")),
+                                reason="reconcile.sh needs bash and jq")
+
+
+def teamspace(name, uid, pods=4, cpu="1", gen=1, finalizers=None, deleting=False, status=None):
+    meta = {"name": name, "uid": uid, "generation": gen, "resourceVersion": "1"}
+    if finalizers is not None:
+        meta["finalizers"] = finalizers
+    if deleting:
+        meta["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    obj = {"apiVersion": "platform.labhub.io/v1alpha1", "kind": "TeamSpace", "metadata": meta,
+           "spec": {"pods": pods, "cpu": cpu}}
+    if status is not None:
+        obj["status"] = status
+    return obj
+
+
+class Cluster:
+    def __init__(self, tmp: Path, teamspaces, namespaces=(), quotas=()):
+        self.tmp = tmp
+        self.state_file = tmp / "state.json"
+        self.log_file = tmp / "requests.log"
+        self.archive = tmp / "base" / "archive"
+        self.state_file.write_text(json.dumps({
+            "teamspaces": {t["metadata"]["name"]: t for t in teamspaces},
+            "namespaces": {n["metadata"]["name"]: n for n in namespaces},
+            "quotas": {q["metadata"]["namespace"]: q for q in quotas},
+        }))
+
+    @property
+    def state(self):
+        return json.loads(self.state_file.read_text())
+
+    def requests(self):
+        if not self.log_file.exists():
+            return []
+        return [json.loads(line) for line in self.log_file.read_text().splitlines()]
+
+    def writes(self):
+        return [r for r in self.requests() if r["verb"] != "list"]
+
+    def run(self, **env_extra):
+        self.log_file.unlink(missing_ok=True)
+        env = dict(os.environ, KUBECTL=str(FAKE), FAKE_KUBE_STATE=str(self.state_file),
+                   FAKE_KUBE_LOG=str(self.log_file), CNPA_BASE_DIR=str(self.tmp / "base"),
+                   **env_extra)
+        return subprocess.run(["bash", str(SCRIPT)], env=env, capture_output=True, text=True,
+                              timeout=60, check=False)
+
+
+def test_one_pass_builds_namespace_quota_status_and_finalizer(tmp_path):
+    c = Cluster(tmp_path, [teamspace("alpha", "u-a", pods=4, gen=3)])
+    res = c.run()
+    assert res.returncode == 0, res.stderr
+    st = c.state
+    ns = st["namespaces"]["team-alpha"]
+    assert ns["metadata"]["labels"] == {LABEL: "alpha"}
+    assert ns["metadata"]["ownerReferences"] == [{
+        "apiVersion": "platform.labhub.io/v1alpha1", "kind": "TeamSpace", "name": "alpha",
+        "uid": "u-a", "controller": True, "blockOwnerDeletion": True}]
+    assert st["quotas"]["team-alpha"]["spec"]["hard"] == {"pods": "4", "requests.cpu": "1"}
+    ts = st["teamspaces"]["alpha"]
+    assert ts["status"] == {"observedGeneration": 3, "namespace": "team-alpha"}
+    assert ts["metadata"]["finalizers"] == [FIN]
+    # status went through the subresource, never the main endpoint
+    assert {"verb": "patch", "resource": "teamspaces.platform.labhub.io/status",
+            "name": "alpha"} in c.requests()
+
+
+def test_second_pass_writes_nothing_and_lists_a_constant_number_of_times(tmp_path):
+    c = Cluster(tmp_path, [teamspace(f"t{i}", f"u{i}", pods=i + 1) for i in range(6)])
+    assert c.run().returncode == 0
+    assert len(c.writes()) == 6 * 4
+    res = c.run()
+    assert res.returncode == 0, res.stderr
+    assert c.writes() == []
+    assert [r["verb"] for r in c.requests()] == ["list", "list", "list"]
+
+
+@pytest.mark.parametrize("spec_cpu,quota_cpu", [("0.5", "500m"), ("1", "1000m"), ("2", "2"),
+                                                 ("1500m", "1.5"), ("1k", "1000")])
+def test_quantities_compare_canonically(tmp_path, spec_cpu, quota_cpu):
+    ns = {"metadata": {"name": "team-a", "labels": {LABEL: "a"}, "resourceVersion": "1",
+                       "ownerReferences": [{"apiVersion": "platform.labhub.io/v1alpha1",
+                                            "kind": "TeamSpace", "name": "a", "uid": "u",
+                                            "controller": True, "blockOwnerDeletion": True}]}}
+    q = {"metadata": {"name": "team-quota", "namespace": "team-a", "resourceVersion": "1"},
+         "spec": {"hard": {"pods": "4", "requests.cpu": quota_cpu}}}
+    t = teamspace("a", "u", cpu=spec_cpu, finalizers=[FIN],
+                  status={"observedGeneration": 1, "namespace": "team-a"})
+    c = Cluster(tmp_path, [t], [ns], [q])
+    res = c.run()
+    assert res.returncode == 0, res.stderr
+    assert c.writes() == []
+
+
+def test_drifted_quota_is_set_back_and_extra_limits_removed(tmp_path):
+    c = Cluster(tmp_path, [teamspace("a", "u", pods=6)])
+    c.run()
+    st = c.state
+    st["quotas"]["team-a"]["spec"]["hard"] = {"pods": "99", "requests.cpu": "1", "secrets": "3"}
+    c.state_file.write_text(json.dumps(st))
+    assert c.run().returncode == 0
+    assert c.state["quotas"]["team-a"]["spec"]["hard"] == {"pods": "6", "requests.cpu": "1"}
+    assert [w["resource"] for w in c.writes()] == ["resourcequota"]
+
+
+def test_deleted_quota_is_recreated_with_a_new_uid(tmp_path):
+    c = Cluster(tmp_path, [teamspace("a", "u")])
+    c.run()
+    st = c.state
+    old_uid = st["quotas"].pop("team-a")["metadata"]["uid"]
+    c.state_file.write_text(json.dumps(st))
+    assert c.run().returncode == 0
+    assert c.state["quotas"]["team-a"]["metadata"]["uid"] != old_uid
+
+
+def test_foreign_finalizers_are_kept(tmp_path):
+    c = Cluster(tmp_path, [teamspace("a", "u", finalizers=["example.com/other"])])
+    assert c.run().returncode == 0
+    assert c.state["teamspaces"]["a"]["metadata"]["finalizers"] == ["example.com/other", FIN]
+    c.run()
+    assert c.state["teamspaces"]["a"]["metadata"]["finalizers"] == ["example.com/other", FIN]
+
+
+def test_deletion_archives_then_releases_only_our_finalizer(tmp_path):
+    t = teamspace("beta", "u-b", pods=2, finalizers=["example.com/other", FIN], deleting=True)
+    c = Cluster(tmp_path, [t])
+    res = c.run()
+    assert res.returncode == 0, res.stderr
+    record = json.loads((c.archive / "beta.json").read_text())
+    assert record == {"name": "beta", "uid": "u-b", "pods": 2}
+    assert c.state["teamspaces"]["beta"]["metadata"]["finalizers"] == ["example.com/other"]
+    assert not list(c.archive.glob(".*"))  # no temporary file left behind
+    # no namespace is created for a TeamSpace being deleted
+    assert c.state["namespaces"] == {}
+
+
+def test_deletion_completes_when_ours_is_the_last_finalizer(tmp_path):
+    c = Cluster(tmp_path, [teamspace("beta", "u-b", finalizers=[FIN], deleting=True)])
+    assert c.run().returncode == 0
+    assert "beta" not in c.state["teamspaces"]
+
+
+def test_finalizer_stays_when_archive_cannot_be_written(tmp_path):
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("")
+    c = Cluster(tmp_path, [teamspace("beta", "u-b", finalizers=[FIN], deleting=True)])
+    res = c.run(CNPA_ARCHIVE_DIR=str(blocker / "archive"))
+    assert res.returncode == 1
+    assert "beta" in res.stderr
+    assert c.state["teamspaces"]["beta"]["metadata"]["finalizers"] == [FIN]
+    assert c.writes() == []
+
+
+def test_one_bad_teamspace_does_not_stop_the_others(tmp_path):
+    foreign = {"metadata": {"name": "team-x", "resourceVersion": "1"}}
+    c = Cluster(tmp_path, [teamspace("bad.dot", "u1"), teamspace("cpu", "u2", cpu="abc"),
+                           teamspace("x", "u3"), teamspace("good", "u4")], [foreign])
+    res = c.run()
+    assert res.returncode == 1
+    for name in ("bad.dot", "cpu", "x"):
+        assert f"TeamSpace {name}:" in res.stderr
+    st = c.state
+    assert st["teamspaces"]["good"]["status"]["namespace"] == "team-good"
+    assert "team-good" in st["quotas"]
+    assert st["namespaces"]["team-x"] == foreign  # not adopted, not modified
+    assert "status" not in st["teamspaces"]["x"]  # never claims what is not in place
+
+
+def test_unreachable_api_fails_fast_without_writes(tmp_path):
+    c = Cluster(tmp_path, [teamspace("a", "u")])
+    res = c.run(FAKE_KUBE_DOWN="1")
+    assert res.returncode == 2
+    assert "API server unreachable" in res.stderr
+    assert c.writes() == []
+
+
+def test_status_follows_the_generation_in_place(tmp_path):
+    c = Cluster(tmp_path, [teamspace("a", "u", pods=4, gen=1)])
+    c.run()
+    st = c.state
+    st["teamspaces"]["a"]["spec"]["pods"] = 8
+    st["teamspaces"]["a"]["metadata"]["generation"] = 2
+    c.state_file.write_text(json.dumps(st))
+    c.run()
+    st = c.state
+    assert st["quotas"]["team-a"]["spec"]["hard"]["pods"] == "8"
+    assert st["teamspaces"]["a"]["status"]["observedGeneration"] == 2
