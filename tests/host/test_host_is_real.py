@@ -1,0 +1,164 @@
+"""The test host behaves like a real Kubernetes host, because it is one.
+
+Each test states an API-server, controller-manager or systemd property the lab relies on and
+checks it against the live host. Names are unique per test so the order does not matter.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import uuid
+
+from conftest import ROOT, wait_for
+
+GROUP = "hosttest.cnpa.io"
+
+
+def _crd(host) -> None:
+    if host.exists("crd", f"gadgets.{GROUP}"):
+        return
+    host.apply({
+        "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+        "metadata": {"name": f"gadgets.{GROUP}"},
+        "spec": {
+            "group": GROUP, "scope": "Cluster",
+            "names": {"kind": "Gadget", "plural": "gadgets", "singular": "gadget"},
+            "versions": [{
+                "name": "v1", "served": True, "storage": True,
+                "subresources": {"status": {}},
+                "schema": {"openAPIV3Schema": {"type": "object", "properties": {
+                    "spec": {"type": "object", "properties": {"size": {"type": "integer"}}},
+                    "status": {"type": "object",
+                               "properties": {"observedGeneration": {"type": "integer"}}},
+                }}},
+            }],
+        },
+    })
+    host.kubectl("wait", "--for=condition=Established", f"crd/gadgets.{GROUP}", "--timeout=30s")
+
+
+def _gadget(host, name: str, **meta) -> dict:
+    _crd(host)
+    host.apply({"apiVersion": f"{GROUP}/v1", "kind": "Gadget",
+                "metadata": {"name": name, **meta}, "spec": {"size": 1}})
+    return host.get("gadget", name)
+
+
+def _name(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:6]}"
+
+
+def test_status_through_main_endpoint_is_dropped(host):
+    name = _name("drop")
+    before = _gadget(host, name)
+    out = host.kubectl("patch", "gadget", name, "--type=merge",
+                       "-p", '{"status":{"observedGeneration":7}}').stdout
+    after = host.get("gadget", name)
+    assert "patched" in out  # 1.20 prints `patched` the first time, `(no change)` after
+    assert after.get("status") is None
+    assert after["metadata"]["generation"] == before["metadata"]["generation"]
+    # The status subresource is the way in.
+    host.kubectl("patch", "gadget", name, "--subresource=status", "--type=merge",
+                 "-p", '{"status":{"observedGeneration":7}}')
+    assert host.get("gadget", name)["status"] == {"observedGeneration": 7}
+    assert host.get("gadget", name)["metadata"]["generation"] == before["metadata"]["generation"]
+
+
+def test_generation_moves_on_spec_not_on_labels(host):
+    name = _name("gen")
+    gen0 = _gadget(host, name)["metadata"]["generation"]
+    host.kubectl("label", "gadget", name, "owner=platform")
+    labelled = host.get("gadget", name)
+    assert labelled["metadata"]["generation"] == gen0
+    assert labelled["metadata"]["labels"]["owner"] == "platform"
+    host.kubectl("patch", "gadget", name, "--type=merge", "-p", '{"spec":{"size":6}}')
+    assert host.get("gadget", name)["metadata"]["generation"] == gen0 + 1
+
+
+def test_garbage_collector_deletes_owned_namespace(host):
+    name = _name("owner")
+    owner = _gadget(host, name)
+    ns = f"gc-{name}"
+    host.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {
+        "name": ns, "ownerReferences": [{
+            "apiVersion": f"{GROUP}/v1", "kind": "Gadget", "name": name,
+            "uid": owner["metadata"]["uid"], "controller": True, "blockOwnerDeletion": True}]}})
+    host.kubectl("delete", "gadget", name, "--wait=false")
+    wait_for(lambda: not host.exists("namespace", ns), timeout=90, interval=0.5,
+             what=f"namespace {ns} to be garbage-collected")
+
+
+def test_finalizer_holds_deletion(host):
+    name = _name("fin")
+    _gadget(host, name, finalizers=["example.io/hold"])
+    host.kubectl("delete", "gadget", name, "--wait=false")
+    held = host.get("gadget", name)
+    assert held["metadata"]["deletionTimestamp"]
+    assert held["metadata"]["finalizers"] == ["example.io/hold"]
+    host.kubectl("patch", "gadget", name, "--type=json",
+                 "-p", '[{"op":"remove","path":"/metadata/finalizers/0"}]')
+    wait_for(lambda: not host.exists("gadget", name), timeout=30, what=f"{name} to go")
+
+
+def test_systemd_restart_always_and_stop(host):
+    unit = "/etc/systemd/system/restart-probe.service"
+    host.sh(f"printf '[Service]\\nExecStart=/bin/sleep 1000\\nRestart=always\\nRestartSec=1\\n'"
+            f" > {unit} && systemctl daemon-reload && systemctl start restart-probe")
+
+    def main_pid() -> int:
+        return int(host.sh("systemctl show -p MainPID --value restart-probe").stdout)
+
+    first = wait_for(main_pid, timeout=10, what="restart-probe to run")
+    host.sh(f"kill -9 {first}")
+    second = wait_for(lambda: (p := main_pid()) not in (0, first) and p, timeout=15,
+                      what="systemd to restart the killed service")
+    assert second != first
+    host.sh("systemctl stop restart-probe")
+    assert host.sh("systemctl is-active restart-probe", check=False).stdout.strip() == "inactive"
+    host.sh(f"rm {unit} && systemctl daemon-reload")
+
+
+def test_data_survives_api_server_restart(host):
+    name = _name("keep")
+    host.kubectl("create", "configmap", name, "--from-literal=k=v")
+    host.sh("systemctl stop kube-apiserver")
+    assert host.kubectl("get", "configmap", name, check=False, timeout=30).returncode != 0
+    host.sh("systemctl start kube-apiserver")
+    wait_for(lambda: host.kubectl("get", "--raw", "/readyz", check=False).stdout == "ok",
+             timeout=60, interval=0.5, what="kube-apiserver to be ready again")
+    assert host.get("configmap", name)["data"] == {"k": "v"}
+
+
+def test_audit_log_counts_a_write(host):
+    name = _name("audit")
+
+    def writes() -> list[dict]:
+        return [e for e in host.audit_lines()
+                if e.get("objectRef", {}).get("name") == name and e["user"]["username"] == "admin"]
+
+    assert writes() == []
+    host.kubectl("create", "configmap", name, "--from-literal=k=v")
+    host.kubectl("get", "configmap", name)  # reads are not recorded
+    events = wait_for(writes, timeout=10, what="the audit event")
+    assert [e["verb"] for e in events] == ["create"]
+
+
+def test_plain_kubectl_and_lab_tools_as_root(host):
+    # The lab VM's contract: kubectl without KUBECONFIG, jq, python3, systemctl.
+    out = host.sh("kubectl get ns default -o json | jq -r .metadata.name && "
+                  "python3 -c 'print(1)' && systemctl is-system-running").stdout.split()
+    assert out[:2] == ["default", "1"]
+    assert out[2] in ("running", "degraded")
+    assert host.sh("test -s /etc/rancher/k3s/k3s.yaml").returncode == 0
+
+
+def test_ansible_reaches_it_over_ssh(host):
+    proc = subprocess.run(
+        [str(ROOT / ".venv/bin/ansible"), "-i", str(host.inst.inventory), "k3s", "-m", "setup",
+         "-a", "filter=ansible_service_mgr", "-o"],
+        capture_output=True, text=True, timeout=120, check=False,
+        cwd="/", env={"PATH": f"{ROOT / '.venv/bin'}:/usr/bin:/bin", "HOME": "/root"})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    facts = json.loads(proc.stdout.split("=>", 1)[1])
+    assert facts["ansible_facts"]["ansible_service_mgr"] == "systemd"
