@@ -67,11 +67,13 @@ options:
       - C(present) and C(absent) wait for the object to exist or to be gone.
       - C(uid_changed) waits until an object with the same name exists with a uid different
         from O(uid) (default, the uid read before the action).
+      - C(field_present) waits until O(field) exists and is not null or empty.
       - C(field_equals) and C(field_differs) compare O(field) with O(value) as strings (so
         C(6) equals C("6")); a missing field never equals a value.
       - C(field_contains) waits until the list at O(field) contains O(value).
     type: str
-    choices: [read, present, absent, uid_changed, field_equals, field_differs, field_contains]
+    choices: [read, present, absent, uid_changed, field_present, field_equals, field_differs,
+              field_contains]
     default: read
   uid:
     description: The uid to compare with for O(until=uid_changed).
@@ -221,8 +223,8 @@ except ImportError:  # pragma: no cover - reported by main()
     AUTH_ARG_SPEC = {}
     HAS_K8S_CORE = False
 
-CONDITIONS = ("read", "present", "absent", "uid_changed", "field_equals", "field_differs",
-              "field_contains")
+CONDITIONS = ("read", "present", "absent", "uid_changed", "field_present", "field_equals",
+              "field_differs", "field_contains")
 
 
 class MeasureError(Exception):
@@ -275,7 +277,7 @@ def make_condition(until, uid=None, keys=None, value=None):
         raise MeasureError("unknown condition %r" % (until,))
     if until.startswith("field_") and keys is None:
         raise MeasureError("until=%s needs field" % until)
-    if until.startswith("field_") and value is None:
+    if until.startswith("field_") and until != "field_present" and value is None:
         raise MeasureError("until=%s needs value" % until)
     if until == "uid_changed" and not uid:
         raise MeasureError("until=uid_changed needs a uid (none given and no object before the action)")
@@ -292,6 +294,8 @@ def make_condition(until, uid=None, keys=None, value=None):
         if until == "uid_changed":
             return obj.get("metadata", {}).get("uid") not in (None, uid)
         found = get_field(obj, keys)
+        if until == "field_present":
+            return found is not _MISSING and found not in (None, {}, [], "")
         if until == "field_contains":
             return isinstance(found, list) and as_text(value) in [as_text(v) for v in found]
         if found is _MISSING:

@@ -112,6 +112,9 @@ def test_as_text_makes_json_scalars_comparable():
     ("field_differs", {"keys": ["spec", "n"], "value": "99"}, obj(), True),
     ("field_contains", {"keys": ["metadata", "finalizers"], "value": "f"},
      obj(), False),
+    ("field_present", {"keys": ["status", "hard"]}, obj(), False),
+    ("field_present", {"keys": ["status", "hard"]}, obj(status={"hard": {}}), False),
+    ("field_present", {"keys": ["status", "hard"]}, obj(status={"hard": {"pods": "4"}}), True),
     ("field_contains", {"keys": ["metadata", "finalizers"], "value": "f"},
      {"metadata": {"finalizers": ["a", "f"]}}, True),
 ])
