@@ -208,3 +208,29 @@ def test_status_follows_the_generation_in_place(tmp_path):
     st = c.state
     assert st["quotas"]["team-a"]["spec"]["hard"]["pods"] == "8"
     assert st["teamspaces"]["a"]["status"]["observedGeneration"] == 2
+
+
+def _owned_ns(name, uid, refs=None):
+    ref = {"apiVersion": "platform.labhub.io/v1alpha1", "kind": "TeamSpace", "name": name,
+           "uid": uid, "controller": True, "blockOwnerDeletion": True}
+    return {"metadata": {"name": f"team-{name}", "labels": {LABEL: name}, "resourceVersion": "1",
+                         "ownerReferences": [ref] if refs is None else refs}}
+
+
+def test_namespace_of_an_earlier_teamspace_is_not_adopted(tmp_path):
+    # Same name, new uid: the old namespace belongs to the deleted TeamSpace; wait for the GC.
+    c = Cluster(tmp_path, [teamspace("a", "new-uid")], [_owned_ns("a", "old-uid")])
+    res = c.run()
+    assert res.returncode == 1
+    assert "TeamSpace a:" in res.stderr and "old-uid" in res.stderr
+    assert [w["resource"] for w in c.writes()] == []
+    assert c.state["namespaces"]["team-a"]["metadata"]["ownerReferences"][0]["uid"] == "old-uid"
+
+
+def test_removed_owner_reference_is_restored_keeping_other_owners(tmp_path):
+    other = {"apiVersion": "v1", "kind": "ConfigMap", "name": "x", "uid": "cm"}
+    c = Cluster(tmp_path, [teamspace("a", "u")], [_owned_ns("a", "u", refs=[other])])
+    assert c.run().returncode == 0
+    refs = c.state["namespaces"]["team-a"]["metadata"]["ownerReferences"]
+    assert refs[0] == other and refs[1]["uid"] == "u" and refs[1]["controller"] is True
+    assert c.run().returncode == 0 and c.writes() == []
