@@ -13,7 +13,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_molecule_default_scenario():
+def test_molecule_default_scenario(tmp_path):
     if os.geteuid() != 0:
         import pytest
 
@@ -22,7 +22,11 @@ def test_molecule_default_scenario():
     logdir.mkdir(parents=True, exist_ok=True)
     log = logdir / "molecule.log"
     env = dict(os.environ, PATH=f"{ROOT / '.venv/bin'}:{os.environ.get('PATH', '/usr/bin:/bin')}",
-               ANSIBLE_FORCE_COLOR="0", NO_COLOR="1", PY_COLORS="0")
+               ANSIBLE_FORCE_COLOR="0", NO_COLOR="1", PY_COLORS="0",
+               # A host and a molecule state of its own: a developer's `molecule converge`
+               # in the same checkout must not share (or destroy) this run's host.
+               CNPA_TESTHOST_NAME="pytest-molecule",
+               MOLECULE_EPHEMERAL_DIRECTORY=str(tmp_path / "molecule"))
     with open(log, "w") as fh:
         proc = subprocess.run(["molecule", "test", "-s", "default"], cwd=ROOT, env=env,
                               stdout=fh, stderr=subprocess.STDOUT, timeout=2400, check=False)
