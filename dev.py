@@ -2,14 +2,17 @@
 """The project's two entry points, with set-up included.
 
     python3 dev.py test            lint + unit tests + real-host tests + `molecule test`
-    python3 dev.py lab             the whole lab against a local throwaway test host
-    python3 dev.py lab --destroy   remove that host again
+    python3 dev.py lab             the whole lab: on the k3s VM itself when this machine has
+                                   /etc/rancher/k3s/k3s.yaml, else against a local throwaway
+                                   test host (CNPA_LAB_TESTHOST=1 forces the test host)
+    python3 dev.py lab --destroy   remove that test host again
     python3 dev.py setup           only the set-up the others do first
     python3 dev.py lint            only the linters
 
-Set-up: a virtualenv in .venv with requirements-dev.txt (ansible bundles kubernetes.core, so
-no Ansible Galaxy is needed), and the Debian packages the tests use. It is re-done only when
-the requirements change. Needs root for the test host (debootstrap, systemd-nspawn).
+Set-up: a virtualenv in .venv with requirements.txt (lab) or requirements-dev.txt (tests and
+linters); the `ansible` package bundles kubernetes.core, so no Ansible Galaxy is needed. Plus
+the Debian packages the command uses. It is re-done only when the requirements change.
+Needs root (the lab writes /root/cnpa-op; the test host needs debootstrap, systemd-nspawn).
 """
 
 from __future__ import annotations
@@ -27,9 +30,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent
 VENV = ROOT / ".venv"
 BIN = VENV / "bin"
-# shellcheck for the linters; the test host's own needs (debootstrap, systemd-nspawn, Go, ...)
-# are installed by testhost itself when it builds.
-DEBIAN_PACKAGES = ["shellcheck", "openssh-client", "debootstrap", "systemd-container"]
+# The test host's build needs (Go, rsync, ...) are installed by testhost itself when it builds.
+TESTHOST_PACKAGES = ["openssh-client", "debootstrap", "systemd-container"]
+TEST_PACKAGES = ["shellcheck", *TESTHOST_PACKAGES]
+K3S_KUBECONFIG = Path("/etc/rancher/k3s/k3s.yaml")
 LAB_HOST = "lab"
 
 
@@ -43,32 +47,54 @@ def sh(cmd: list[str], **kw) -> int:
     return subprocess.run(cmd, cwd=kw.pop("cwd", ROOT), env=env, check=False, **kw).returncode
 
 
-def setup() -> None:
-    missing = [p for p in DEBIAN_PACKAGES if subprocess.run(
+def apt_install(packages: list[str]) -> None:
+    missing = [p for p in packages if subprocess.run(
         ["dpkg-query", "-W", "-f=${Status}", p], capture_output=True, text=True,
         check=False).stdout != "install ok installed"]
-    if missing:
-        say(f"installing Debian packages: {' '.join(missing)}")
-        env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
-        for cmd in (["apt-get", "update", "-qq"],
-                    ["apt-get", "install", "-y", "-qq", "--no-install-recommends", *missing]):
-            if subprocess.run(cmd, env=env, check=False).returncode != 0:
-                sys.exit(f"dev.py: `{' '.join(cmd)}` failed (root and Debian's registry needed)")
-    reqs = b"".join((ROOT / f).read_bytes() for f in ("requirements.txt", "requirements-dev.txt"))
+    if not missing:
+        return
+    say(f"installing Debian packages: {' '.join(missing)}")
+    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+    for cmd in (["apt-get", "update", "-qq"],
+                ["apt-get", "install", "-y", "-qq", "--no-install-recommends", *missing]):
+        if subprocess.run(cmd, env=env, check=False).returncode != 0:
+            sys.exit(f"dev.py: `{' '.join(cmd)}` failed (root and Debian's registry needed)")
+
+
+# Which requirement files an install of each file brings in (requirements-dev.txt has
+# `-r requirements.txt`), so a dev venv also serves the lab.
+REQUIREMENTS = {"requirements.txt": ["requirements.txt"],
+                "requirements-dev.txt": ["requirements.txt", "requirements-dev.txt"]}
+
+
+def _digest(files: list[str]) -> str:
+    data = b"".join((ROOT / f).read_bytes() for f in files) + sys.version.encode()
+    return hashlib.sha256(data).hexdigest()
+
+
+def setup(requirements: str = "requirements-dev.txt", packages: list[str] = TEST_PACKAGES) -> None:
+    apt_install(packages)
     stamp = VENV / ".requirements.sha256"
-    digest = hashlib.sha256(reqs + sys.version.encode()).hexdigest()
-    if stamp.exists() and stamp.read_text() == digest:
+    installed = stamp.read_text().split() if stamp.exists() else []
+    if _digest(REQUIREMENTS[requirements]) in installed:
         return
     if not (BIN / "python").exists():
         say(f"creating virtualenv {VENV}")
-        venv.create(VENV, with_pip=True)
-    say("installing Python requirements (requirements-dev.txt)")
+        try:
+            venv.create(VENV, with_pip=True)
+        except (subprocess.CalledProcessError, SystemExit):
+            # Debian's own python3 keeps ensurepip in a separate package (its venv exits).
+            shutil.rmtree(VENV)
+            apt_install([f"python{sys.version_info.major}.{sys.version_info.minor}-venv"])
+            venv.create(VENV, with_pip=True)
+    say(f"installing Python requirements ({requirements})")
     for cmd in ([str(BIN / "python"), "-m", "pip", "install", "-q", "--upgrade", "pip"],
-                [str(BIN / "python"), "-m", "pip", "install", "-q", "-r",
-                 str(ROOT / "requirements-dev.txt")]):
+                [str(BIN / "python"), "-m", "pip", "install", "-q", "-r", str(ROOT / requirements)]):
         if sh(cmd) != 0:
             sys.exit("dev.py: pip install failed; see the output above")
-    stamp.write_text(digest)
+    covered = [name for name, files in REQUIREMENTS.items()
+               if set(files) <= set(REQUIREMENTS[requirements])]
+    stamp.write_text("\n".join(_digest(REQUIREMENTS[name]) for name in covered) + "\n")
 
 
 def lint() -> int:
@@ -86,6 +112,10 @@ def lab(destroy: bool, extra: list[str]) -> int:
     py = str(BIN / "python")
     if destroy:
         return sh([py, "-m", "testhost", "destroy", LAB_HOST])
+    if K3S_KUBECONFIG.exists() and os.environ.get("CNPA_LAB_TESTHOST") != "1":
+        say(f"{K3S_KUBECONFIG} found: running site.yml on this machine (inventory.ini: localhost)")
+        return sh([str(BIN / "ansible-playbook"), "site.yml", *extra])
+    apt_install(TESTHOST_PACKAGES)
     info = subprocess.run([py, "-m", "testhost", "info", LAB_HOST], cwd=ROOT,
                           capture_output=True, text=True, check=False)
     if info.returncode != 0 or not json.loads(info.stdout)["running"]:
@@ -115,7 +145,10 @@ def main() -> int:
         sys.exit("dev.py: the test host needs root (debootstrap, systemd-nspawn, nsenter)")
     if shutil.which("apt-get") is None:
         sys.exit("dev.py: needs a Debian-family machine (apt-get)")
-    setup()
+    if args.command == "lab":
+        setup("requirements.txt", [])
+    else:
+        setup()
     if args.command == "lint":
         return lint()
     if args.command == "test":

@@ -162,3 +162,17 @@ def test_ansible_reaches_it_over_ssh(host):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     facts = json.loads(proc.stdout.split("=>", 1)[1])
     assert facts["ansible_facts"]["ansible_service_mgr"] == "systemd"
+
+
+def test_strict_tls_clients_accept_the_certificates(host):
+    # Python >= 3.13 verifies with VERIFY_X509_STRICT, as the kubernetes client on a lab VM
+    # would; k3s's certificates pass it, so the test host's must too.
+    script = (
+        "import json, ssl, sys, urllib.request\n"
+        "assert sys.version_info >= (3, 13), sys.version\n"
+        "ctx = ssl.create_default_context(cafile='/etc/kubernetes/pki/ca.crt')\n"
+        "assert ctx.verify_flags & ssl.VERIFY_X509_STRICT\n"
+        "ctx.load_cert_chain('/etc/kubernetes/pki/admin.crt', '/etc/kubernetes/pki/admin.key')\n"
+        f"url = 'https://127.0.0.1:{host.inst.ports['apiserver']}/api/v1/namespaces/default'\n"
+        "print(json.load(urllib.request.urlopen(url, context=ctx))['metadata']['name'])\n")
+    assert host.inst.exec(["python3", "-c", script]).stdout.strip() == "default"
