@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """A tiny stand-in for kubectl, enough for reconcile.sh's unit tests.
 
-State lives in $FAKE_KUBE_STATE (JSON: teamspaces, namespaces, quotas keyed by name/namespace).
+State lives in $FAKE_KUBE_STATE (JSON: teamspaces, namespaces, quotas keyed by name/namespace,
+events keyed by name).
 Every request is appended to $FAKE_KUBE_LOG as one JSON line {"verb", "resource", "name"} so the
 tests can count list and write requests the way the API server's audit log would.
 $FAKE_KUBE_DOWN=1 makes every request fail like an unreachable API server.
@@ -103,6 +104,12 @@ def main(argv: list) -> None:
         record("list", resource)
         if resource == TS:
             items = list(state["teamspaces"].values())
+        elif resource == "events":
+            items = list(state.get("events", {}).values())
+            if (opt(args, "-o") or "").startswith("jsonpath="):
+                # reconcile.sh asks only for the names, one per line
+                print("".join(e["metadata"]["name"] + "\n" for e in items), end="")
+                return
         elif resource == "namespaces":
             label = opt(args, "-l")
             items = [n for n in state["namespaces"].values()
@@ -115,12 +122,14 @@ def main(argv: list) -> None:
         obj = json.loads(sys.stdin.read())
         if obj["kind"] == "Namespace":
             store, key, resource = state["namespaces"], obj["metadata"]["name"], "namespaces"
+        elif obj["kind"] == "Event":
+            store, key, resource = state.setdefault("events", {}), obj["metadata"]["name"], "events"
         else:
             store, key, resource = state["quotas"], obj["metadata"]["namespace"], "resourcequotas"
             if key not in state["namespaces"]:
                 fail(f'namespaces "{key}" not found')
         if key in store:
-            fail(f'{resource} "{obj["metadata"]["name"]}" already exists')
+            fail(f'(AlreadyExists): {resource} "{obj["metadata"]["name"]}" already exists')
         record("create", resource, obj["metadata"]["name"])
         obj["metadata"]["uid"] = f"uid-{resource}-{key}-{state.get('rv', 100)}"
         bump(state, obj)

@@ -9,6 +9,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -60,11 +61,15 @@ class Cluster:
     def writes(self):
         return [r for r in self.requests() if r["verb"] != "list"]
 
+    def object_writes(self):
+        """Writes other than Events (which record problems and reverted edits)."""
+        return [w for w in self.writes() if w["resource"] != "events"]
+
     def run(self, **env_extra):
         self.log_file.unlink(missing_ok=True)
         env = dict(os.environ, KUBECTL=str(FAKE), FAKE_KUBE_STATE=str(self.state_file),
-                   FAKE_KUBE_LOG=str(self.log_file), CNPA_BASE_DIR=str(self.tmp / "base"),
-                   **env_extra)
+                   FAKE_KUBE_LOG=str(self.log_file), CNPA_BASE_DIR=str(self.tmp / "base"))
+        env.update(env_extra)
         return subprocess.run(["bash", str(SCRIPT)], env=env, capture_output=True, text=True,
                               timeout=60, check=False)
 
@@ -123,7 +128,7 @@ def test_drifted_quota_is_set_back_and_extra_limits_removed(tmp_path):
     c.state_file.write_text(json.dumps(st))
     assert c.run().returncode == 0
     assert c.state["quotas"]["team-a"]["spec"]["hard"] == {"pods": "6", "requests.cpu": "1"}
-    assert [w["resource"] for w in c.writes()] == ["resourcequota"]
+    assert [w["resource"] for w in c.writes()] == ["resourcequota", "events"]
 
 
 def test_deleted_quota_is_recreated_with_a_new_uid(tmp_path):
@@ -171,7 +176,7 @@ def test_finalizer_stays_when_archive_cannot_be_written(tmp_path):
     assert res.returncode == 1
     assert "beta" in res.stderr
     assert c.state["teamspaces"]["beta"]["metadata"]["finalizers"] == [FIN]
-    assert c.writes() == []
+    assert c.object_writes() == []
 
 
 def test_one_bad_teamspace_does_not_stop_the_others(tmp_path):
@@ -223,7 +228,8 @@ def test_namespace_of_an_earlier_teamspace_is_not_adopted(tmp_path):
     res = c.run()
     assert res.returncode == 1
     assert "TeamSpace a:" in res.stderr and "old-uid" in res.stderr
-    assert [w["resource"] for w in c.writes()] == []
+    assert c.object_writes() == []
+    assert [e["reason"] for e in c.state["events"].values()] == ["NamespaceOwnedByOther"]
     assert c.state["namespaces"]["team-a"]["metadata"]["ownerReferences"][0]["uid"] == "old-uid"
 
 
@@ -234,3 +240,90 @@ def test_removed_owner_reference_is_restored_keeping_other_owners(tmp_path):
     refs = c.state["namespaces"]["team-a"]["metadata"]["ownerReferences"]
     assert refs[0] == other and refs[1]["uid"] == "u" and refs[1]["controller"] is True
     assert c.run().returncode == 0 and c.writes() == []
+
+
+def _events(c):
+    return sorted(c.state.get("events", {}).values(), key=lambda e: e["reason"])
+
+
+def test_problems_become_one_event_each_on_the_teamspace_and_are_not_repeated(tmp_path):
+    foreign = {"metadata": {"name": "team-x", "resourceVersion": "1"}}
+    c = Cluster(tmp_path, [teamspace("bad.dot", "u1"), teamspace("cpu", "u2", cpu="abc"),
+                           teamspace("x", "u3"), teamspace("good", "u4")], [foreign])
+    res = c.run()
+    assert res.returncode == 1
+    assert "team-x already exists and is not managed by cnpa-op" in res.stderr
+    evs = _events(c)
+    assert [(e["reason"], e["involvedObject"]["name"], e["involvedObject"]["uid"], e["type"])
+            for e in evs] == [("InvalidCPU", "cpu", "u2", "Warning"),
+                              ("InvalidName", "bad.dot", "u1", "Warning"),
+                              ("NamespaceNotOurs", "x", "u3", "Warning")]
+    for e in evs:
+        assert e["metadata"]["namespace"] == "default"
+        assert e["involvedObject"]["kind"] == "TeamSpace"
+        assert e["message"] and not e["message"].startswith("reconcile:")
+    assert "not managed by cnpa-op" in evs[2]["message"]
+    # The same problems on the next pass: logged again, but no new Event (bounded).
+    res = c.run()
+    assert res.returncode == 1 and "TeamSpace cpu:" in res.stderr
+    assert len(_events(c)) == 3
+    assert [w for w in c.writes() if w["resource"] == "events"] == []
+    # Fixed input converges and then passes are write-free (no Event list either).
+    st = c.state
+    st["teamspaces"]["cpu"]["spec"]["cpu"] = "250m"
+    del st["teamspaces"]["bad.dot"]
+    del st["namespaces"]["team-x"]
+    c.state_file.write_text(json.dumps(st))
+    assert c.run().returncode == 0
+    assert c.state["quotas"]["team-cpu"]["spec"]["hard"]["requests.cpu"] == "250m"
+    assert c.state["namespaces"]["team-x"]["metadata"]["ownerReferences"][0]["uid"] == "u3"
+    assert c.run().returncode == 0
+    assert [r["verb"] for r in c.requests()] == ["list", "list", "list"]
+
+
+def test_archive_failure_is_an_event(tmp_path):
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("")
+    c = Cluster(tmp_path, [teamspace("beta", "u-b", finalizers=[FIN], deleting=True)])
+    c.run(CNPA_ARCHIVE_DIR=str(blocker / "archive"))
+    [ev] = _events(c)
+    assert ev["reason"] == "ArchiveFailed" and "keeping the finalizer" in ev["message"]
+
+
+def test_junk_quota_is_set_back_scopes_removed_and_the_revert_is_an_event(tmp_path):
+    c = Cluster(tmp_path, [teamspace("a", "u", pods=6)])
+    c.run()
+    st = c.state
+    st["quotas"]["team-a"]["spec"] = {"hard": {"pods": "1000", "requests.memory": "1Ti"},
+                                      "scopes": ["NotBestEffort"]}
+    c.state_file.write_text(json.dumps(st))
+    res = c.run()
+    assert res.returncode == 0, res.stderr
+    assert c.state["quotas"]["team-a"]["spec"] == {"hard": {"pods": "6", "requests.cpu": "1"}}
+    assert "TeamSpace a: quota team-quota in team-a was" in res.stderr
+    [ev] = _events(c)
+    assert (ev["type"], ev["reason"]) == ("Normal", "QuotaReverted")
+    assert "1Ti" in ev["message"]
+    assert c.run().returncode == 0 and c.writes() == []
+
+
+def test_a_conflict_is_retried_without_an_event(tmp_path):
+    # The TeamSpace's finalizer patch is guarded by its resourceVersion; a stale one conflicts.
+    t = teamspace("a", "u")
+    c = Cluster(tmp_path, [t])
+    st = c.state
+    real = st["teamspaces"]["a"]["metadata"]["resourceVersion"]
+    assert real == "1"
+    # the fake's test op compares with the stored value, so make the listed one differ
+    fake = tmp_path / "kubectl"
+    fake.write_text(f"""#!/bin/bash
+if [[ $1 == --request-timeout* && $2 == get && $3 == teamspaces.platform.labhub.io ]]; then
+  "{sys.executable}" "{FAKE}" "$@" | sed 's/"resourceVersion": "1"/"resourceVersion": "0"/'
+else
+  exec "{sys.executable}" "{FAKE}" "$@"
+fi
+""")
+    fake.chmod(0o755)
+    res = c.run(KUBECTL=str(fake))
+    assert res.returncode == 1 and "finalizer add failed" in res.stderr
+    assert _events(c) == []
