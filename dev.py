@@ -105,7 +105,7 @@ def test(extra: list[str]) -> int:
     # One pytest run, so its closing line counts everything: unit tests, linters, the real
     # host's properties, and `molecule test` (the lab end to end, verified against the cluster).
     return sh([str(BIN / "pytest"), "-v", "-rfE", "--durations=10",
-               "tests/unit", "tests/lint", "tests/host", "tests/molecule", *extra])
+               "tests/unit", "tests/lint", "tests/host", "tests/faults", "tests/molecule", *extra])
 
 
 def lab(destroy: bool, extra: list[str]) -> int:

@@ -1,0 +1,62 @@
+"""A session-wide throwaway host with the controller installed, for the fault tests.
+
+The host is named by CNPA_FAULTS_HOST (default pytest-faults) and destroyed at the end; with
+CNPA_FAULTS_REUSE=1 an existing running host of that name is used and left running. The
+controller is installed by tests/faults/install.yml (the project's roles), not re-implemented.
+Each test records what it measured in `report`; the session writes it to
+$CNPA_FAULTS_REPORT (default /tmp/cnpa-faults-report.json) for docs/faults.md.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from faultlib import Lab
+
+from testhost import instance as instance_mod
+from testhost.common import HostError
+
+
+@pytest.fixture(scope="session")
+def lab():
+    if os.geteuid() != 0:
+        pytest.skip("the test host needs root")
+    name = os.environ.get("CNPA_FAULTS_HOST", "pytest-faults")
+    inst = None
+    if os.environ.get("CNPA_FAULTS_REUSE") == "1":
+        try:
+            inst = instance_mod.Instance.load(name)
+        except HostError:
+            inst = None
+        if inst is not None and not inst.running():
+            raise AssertionError(f"CNPA_FAULTS_REUSE=1 but {name} is not running")
+    created = inst is None
+    if created:
+        instance_mod.destroy(name)  # a leftover of an interrupted run
+        inst = instance_mod.create(name)
+    try:
+        h = Lab(inst, str(inst.dir / "inventory.ini"))
+        h.playbook()
+        h.teamspace("alpha", pods=4)
+        h.wait_converged("alpha")
+        yield h
+    finally:
+        if created:
+            instance_mod.destroy(name)
+
+
+@pytest.fixture(scope="session")
+def report():
+    data: dict = {}
+    yield data
+    path = Path(os.environ.get("CNPA_FAULTS_REPORT", "/tmp/cnpa-faults-report.json"))
+    path.write_text(json.dumps(data, indent=2) + "\n")
+    print(f"\nfault test measurements: {path}\n{json.dumps(data, indent=2)}")

@@ -1,0 +1,135 @@
+"""Helpers of the fault tests: the lab installed on a throwaway host, and what to ask it.
+
+The host driver (Host, wait_for) is tests/host/conftest.py's, loaded under a name of its own so
+that it does not collide with the `conftest` modules pytest imports.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+_spec = importlib.util.spec_from_file_location("cnpa_host_fixtures",
+                                               ROOT / "tests" / "host" / "conftest.py")
+_host_fixtures = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_host_fixtures)
+Host = _host_fixtures.Host
+wait_for = _host_fixtures.wait_for
+
+GROUP = "platform.labhub.io"
+TS = f"teamspaces.{GROUP}"
+FIN = f"{GROUP}/cleanup"
+LABEL = f"{GROUP}/teamspace"
+ARCHIVE = "/root/cnpa-op/archive"
+SA_USER = "system:serviceaccount:cnpa-system:cnpa-op"
+SA_KUBECONFIG = "/etc/cnpa-op/kubeconfig"
+
+_UNITS = {"m": 1e-3, "": 1, "k": 1e3}
+
+
+def cpu_value(q: str) -> float:
+    """The few cpu quantities the tests use: "1", "500m", "0.5", "2k"."""
+    for suffix in ("m", "k"):
+        if q.endswith(suffix):
+            return float(q[:-1]) * _UNITS[suffix]
+    return float(q)
+
+
+class Lab(Host):
+    """The test host with the controller installed (cnpa-op.service running)."""
+
+    def __init__(self, inst, inventory: str) -> None:
+        super().__init__(inst)
+        self.inventory = inventory
+
+    def playbook(self, *extra: str) -> None:
+        proc = subprocess.run([str(ROOT / ".venv" / "bin" / "ansible-playbook"), "-i", self.inventory,
+                               str(ROOT / "tests" / "faults" / "install.yml"), *extra],
+                              cwd=ROOT, capture_output=True, text=True, timeout=600, check=False)
+        assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+
+    # -- TeamSpaces -------------------------------------------------------------------------
+    def teamspace(self, name: str, pods: int = 4, cpu: str | None = None) -> dict:
+        spec: dict = {"pods": pods}
+        if cpu is not None:
+            spec["cpu"] = cpu
+        self.apply({"apiVersion": f"{GROUP}/v1alpha1", "kind": "TeamSpace",
+                    "metadata": {"name": name}, "spec": spec})
+        return self.get(TS, name)
+
+    def ts_or_none(self, name: str) -> dict | None:
+        proc = self.kubectl("get", TS, name, "-o", "json", check=False)
+        return json.loads(proc.stdout) if proc.returncode == 0 else None
+
+    def delete(self, *args: str) -> None:
+        self.kubectl("delete", *args, "--wait=false", "--ignore-not-found")
+
+    def converged(self, name: str) -> bool:
+        """Everything the controller owes TeamSpace `name`, in place, and its status saying so."""
+        t = self.ts_or_none(name)
+        if t is None or t["metadata"].get("deletionTimestamp"):
+            return False
+        ns_name = f"team-{name}"
+        fins = t["metadata"].get("finalizers", [])
+        st = t.get("status", {})
+        if fins.count(FIN) != 1 or st.get("observedGeneration") != t["metadata"]["generation"] \
+                or st.get("namespace") != ns_name:
+            return False
+        ns = self.kubectl("get", "namespace", ns_name, "-o", "json", check=False)
+        q = self.kubectl("get", "resourcequota", "team-quota", "-n", ns_name, "-o", "json",
+                         check=False)
+        if ns.returncode or q.returncode:
+            return False
+        ns, q = json.loads(ns.stdout), json.loads(q.stdout)
+        owners = [r for r in ns["metadata"].get("ownerReferences", []) if r.get("controller")]
+        hard = q["spec"].get("hard", {})
+        return (ns["metadata"].get("labels", {}).get(LABEL) == name
+                and not ns["metadata"].get("deletionTimestamp")
+                and [r["uid"] for r in owners] == [t["metadata"]["uid"]]
+                and set(hard) == {"pods", "requests.cpu"}
+                and hard["pods"] == str(t["spec"]["pods"])
+                and cpu_value(hard["requests.cpu"]) == cpu_value(t["spec"].get("cpu", "1"))
+                and not q["spec"].get("scopes") and not q["spec"].get("scopeSelector"))
+
+    def wait_converged(self, *names: str, timeout: float = 90) -> float:
+        t0 = time.monotonic()
+        for name in names:
+            wait_for(lambda n=name: self.converged(n), timeout=timeout, interval=0.5,
+                     what=f"TeamSpace {name} converged")
+        return time.monotonic() - t0
+
+    def wait_gone(self, *args: str, timeout: float = 90) -> float:
+        t0 = time.monotonic()
+        wait_for(lambda: not self.exists(*args), timeout=timeout, interval=0.5,
+                 what=f"{' '.join(args)} gone")
+        return time.monotonic() - t0
+
+    def archive(self, name: str) -> dict | None:
+        proc = self.sh(f"cat {ARCHIVE}/{name}.json", check=False)
+        return json.loads(proc.stdout) if proc.returncode == 0 else None
+
+    # -- what the controller said ------------------------------------------------------------
+    def now(self) -> int:
+        return int(self.sh("date +%s").stdout)
+
+    def journal(self, since: int) -> str:
+        return self.sh(f"journalctl -u cnpa-op --no-pager -o cat --since @{since}").stdout
+
+    def events(self, name: str) -> list[dict]:
+        return self.get("events", "-n", "default",
+                        "--field-selector", f"involvedObject.name={name}")["items"]
+
+    def controller_writes(self, since_ts: str) -> list[dict]:
+        """Write requests the controller's ServiceAccount made at or after an RFC 3339 time."""
+        return [e for e in self.audit_lines()
+                if e.get("user", {}).get("username") == SA_USER
+                and e.get("verb") in ("create", "update", "patch", "delete")
+                and e.get("stage", "ResponseComplete") == "ResponseComplete"
+                and e.get("requestReceivedTimestamp", "") >= since_ts]
+
+    def service(self, prop: str) -> str:
+        return self.sh(f"systemctl show -p {prop} --value cnpa-op").stdout.strip()
