@@ -1,24 +1,15 @@
 """Helpers of the fault tests: the lab installed on a throwaway host, and what to ask it.
 
-The host driver (Host, wait_for) is tests/host/conftest.py's, loaded under a name of its own so
-that it does not collide with the `conftest` modules pytest imports.
+The host driver (Host, wait_for) is tests/hostlib.py's.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import time
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-_spec = importlib.util.spec_from_file_location("cnpa_host_fixtures",
-                                               ROOT / "tests" / "host" / "conftest.py")
-_host_fixtures = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_host_fixtures)
-Host = _host_fixtures.Host
-wait_for = _host_fixtures.wait_for
+from hostlib import ROOT, Host, wait_for
 
 GROUP = "platform.labhub.io"
 TS = f"teamspaces.{GROUP}"

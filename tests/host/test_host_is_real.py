@@ -10,7 +10,7 @@ import json
 import subprocess
 import uuid
 
-from conftest import ROOT, wait_for
+from hostlib import ROOT, wait_for
 
 GROUP = "hosttest.cnpa.io"
 

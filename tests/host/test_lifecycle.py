@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 
 import pytest
-from conftest import Host, wait_for
+from hostlib import Host, wait_for
 
 from testhost import instance as instance_mod
 

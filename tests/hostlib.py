@@ -1,0 +1,60 @@
+"""Drive a running test host from tests: kubectl, systemctl and the audit log inside it.
+
+Shared by tests/host and tests/faults (a module of its own: test modules must not import
+`conftest`, of which a pytest session has several).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from testhost.instance import Instance
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+class Host:
+    """A running test host, driven through nsenter (kubectl, systemctl inside it)."""
+
+    def __init__(self, inst: Instance) -> None:
+        self.inst = inst
+
+    def sh(self, script: str, *, check: bool = True, timeout: float = 120,
+           input_text: str | None = None) -> subprocess.CompletedProcess:
+        return self.inst.exec(["bash", "-c", script], check=check, timeout=timeout,
+                              input_text=input_text)
+
+    def kubectl(self, *args: str, check: bool = True, input_text: str | None = None,
+                timeout: float = 60) -> subprocess.CompletedProcess:
+        return self.inst.exec(["kubectl", *args], check=check, input_text=input_text,
+                              timeout=timeout)
+
+    def get(self, *args: str) -> dict:
+        return json.loads(self.kubectl("get", *args, "-o", "json").stdout)
+
+    def apply(self, manifest: dict) -> None:
+        self.kubectl("apply", "-f", "-", input_text=json.dumps(manifest))
+
+    def exists(self, *args: str) -> bool:
+        return self.kubectl("get", *args, check=False).returncode == 0
+
+    def audit_lines(self) -> list[dict]:
+        text = self.sh("cat /var/log/kubernetes/audit.log").stdout
+        return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
+def wait_for(predicate, *, timeout: float, interval: float = 0.25, what: str = "condition"):
+    """Poll predicate until it returns a truthy value; bounded in time."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(interval)
