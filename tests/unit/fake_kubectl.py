@@ -15,7 +15,7 @@ import json
 import os
 import sys
 
-TS = "teamspaces.platform.labhub.io"
+TS = "teamspaces.v1alpha1.platform.labhub.io"
 
 
 def load() -> dict:

@@ -88,7 +88,7 @@ def test_one_pass_builds_namespace_quota_status_and_finalizer(tmp_path):
     assert ts["status"] == {"observedGeneration": 3, "namespace": "team-alpha"}
     assert ts["metadata"]["finalizers"] == [FIN]
     # status went through the subresource, never the main endpoint
-    assert {"verb": "patch", "resource": "teamspaces.platform.labhub.io/status",
+    assert {"verb": "patch", "resource": "teamspaces.v1alpha1.platform.labhub.io/status",
             "name": "alpha"} in c.requests()
 
 
