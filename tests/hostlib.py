@@ -7,13 +7,16 @@ Shared by tests/host and tests/faults (a module of its own: test modules must no
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from testhost.instance import Instance
+from testhost import instance as instance_mod
+from testhost.common import HostError
+from testhost.instance import Instance
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -58,3 +61,26 @@ def wait_for(predicate, *, timeout: float, interval: float = 0.25, what: str = "
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout} s waiting for {what}")
         time.sleep(interval)
+
+
+@contextmanager
+def session_host(name: str, reuse_var: str) -> Iterator[Instance]:
+    """A running host called name: a fresh one, destroyed at the end; or, when the environment
+    variable reuse_var is 1, the existing running one, left running."""
+    inst = None
+    if os.environ.get(reuse_var) == "1":
+        try:
+            inst = instance_mod.Instance.load(name)
+        except HostError:
+            inst = None
+        if inst is not None and not inst.running():
+            raise AssertionError(f"{reuse_var}=1 but {name} is not running")
+    created = inst is None
+    if created:
+        instance_mod.destroy(name)  # a leftover of an interrupted run
+        inst = instance_mod.create(name)
+    try:
+        yield inst
+    finally:
+        if created:
+            instance_mod.destroy(name)

@@ -20,37 +20,20 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from faultlib import Lab
-
-from testhost import instance as instance_mod
-from testhost.common import HostError
+from hostlib import session_host
 
 
 @pytest.fixture(scope="session")
 def lab():
     if os.geteuid() != 0:
         pytest.skip("the test host needs root")
-    name = os.environ.get("CNPA_FAULTS_HOST", "pytest-faults")
-    inst = None
-    if os.environ.get("CNPA_FAULTS_REUSE") == "1":
-        try:
-            inst = instance_mod.Instance.load(name)
-        except HostError:
-            inst = None
-        if inst is not None and not inst.running():
-            raise AssertionError(f"CNPA_FAULTS_REUSE=1 but {name} is not running")
-    created = inst is None
-    if created:
-        instance_mod.destroy(name)  # a leftover of an interrupted run
-        inst = instance_mod.create(name)
-    try:
+    with session_host(os.environ.get("CNPA_FAULTS_HOST", "pytest-faults"),
+                      "CNPA_FAULTS_REUSE") as inst:
         h = Lab(inst, str(inst.dir / "inventory.ini"))
         h.playbook()
         h.teamspace("alpha", pods=4)
         h.wait_converged("alpha")
         yield h
-    finally:
-        if created:
-            instance_mod.destroy(name)
 
 
 @pytest.fixture(scope="session")
