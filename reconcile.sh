@@ -2,10 +2,16 @@
 # reconcile.sh - one pass of the TeamSpace controller (lab steps 3 and 6).
 #
 # Level-triggered: every pass reads the *whole current state* with a constant number of list
-# requests (TeamSpaces, managed namespaces, quotas), computes the difference to the desired state
-# in one jq program, and writes only what differs. A pass over a converged cluster therefore
-# writes nothing at all (the lab's grader counts writes). It never deletes namespaces: the garbage
-# collector does that by following the ownerReference set here.
+# requests (TeamSpaces, managed namespaces, quotas, sent at the same time), computes the
+# difference to the desired state in one jq program, and writes only what differs. A pass over a
+# converged cluster therefore writes nothing at all (the lab's grader counts writes). It never
+# deletes namespaces: the garbage collector does that by following the ownerReference set here.
+#
+# Writes of one kind go out together, from one kubectl process: all namespaces to create in one
+# `kubectl create -f -` of a List, all finalizers to add in one `kubectl patch` naming every
+# TeamSpace, and so on. The API server still gets one request per object; what is saved is a
+# kubectl process per object (about 0.07 s each: 200 new TeamSpaces took 123 s one process per
+# write, see docs/benchmark.md).
 #
 # Environment (all optional):
 #   KUBECONFIG            kubeconfig used by kubectl (kubectl's own default otherwise)
@@ -41,13 +47,13 @@ readonly LABEL="$GROUP/teamspace"
 readonly QUOTA=team-quota
 readonly MANAGED_BY="app.kubernetes.io/managed-by=cnpa-op"
 
-# Set by a function that fails, read by main: the Event reason ("" = derive it from the function).
-REASON=""
-# Uid of the TeamSpace being handled (the Event's involvedObject).
-CUR_UID=""
-# Names of the Events that already exist, listed lazily on the first Event of a pass.
-EVENTS_LISTED=0
-EXISTING_EVENTS=""
+# The order in which writes happen. A TeamSpace whose write fails is left out of the later steps
+# of the pass, so its status never claims what is not in place; the other TeamSpaces carry on.
+readonly STEPS="teamspace:error finalizer:remove finalizer:dedup finalizer:add finalizer:append
+namespace:create namespace:patch quota:create quota:update status:update"
+
+# Scratch files of the pass (lists, step results, queued Events), removed on exit.
+WORK=""
 
 log() { printf 'reconcile: %s\n' "$*" >&2; }
 
@@ -55,9 +61,10 @@ log() { printf 'reconcile: %s\n' "$*" >&2; }
 k() { "$KUBECTL" --request-timeout="$REQUEST_TIMEOUT" "$@"; }
 
 # The whole diff, in one process. Input: the three lists. Output: one tab-separated line per
-# write that is needed, "<teamspace> <function> <op> <json> <json> <uid>", grouped by TeamSpace and in
-# the order they must happen (finalizer, namespace, quota, status). Problems that a write cannot
-# fix become "teamspace ... error" lines so that they are reported under the TeamSpace's name.
+# write that is needed, "<teamspace> <function> <op> <json> <json> <uid>". Problems that a write
+# cannot fix become "teamspace ... error" lines so that they are reported under the TeamSpace's
+# name. Finalizer changes are JSON patches, the same patch for most TeamSpaces (so that one
+# kubectl call can send it to all of them); the other writes carry whole objects.
 read -r -d '' PLAN <<'JQ' || true
 # Quantity -> integer in nano-units, or null when the string is not a quantity. Lets "500m" equal
 # "0.5" and "1" equal "1000m" (the API server canonicalises quota values, TeamSpace specs are raw).
@@ -76,6 +83,8 @@ def canon:
   end;
 # Called with the TeamSpace as input (.), whose uid ends the row (the Event's involvedObject).
 def row($name; $fn; $op; $a; $b): [$name, $fn, $op, ($a | tojson), ($b | tojson), .metadata.uid] | join("\t");
+# An object as read, ready to be sent back: managedFields stay as the server has them.
+def unread: del(.metadata.managedFields);
 
 [inputs] as [$ts, $nss, $quotas]
 | ($nss.items | map({key: .metadata.name, value: .}) | from_entries) as $nsmap
@@ -126,14 +135,15 @@ def row($name; $fn; $op; $a; $b): [$name, $fn, $op, ($a | tojson), ($b | tojson)
                     {op: "remove", path: "/metadata/finalizers/\($dup)"}]; null)
              end
          elif $t.metadata.finalizers == null then
-           # No list yet: creating it must not replace one added meanwhile, so guard by version.
+           # No list yet: create it only if there still is none (a test of null passes only for
+           # a missing list), so that a list another client adds meanwhile is never replaced.
            row($name; "finalizer"; "add";
-               [{op: "test", path: "/metadata/resourceVersion", value: $t.metadata.resourceVersion},
+               [{op: "test", path: "/metadata/finalizers", value: null},
                 {op: "add", path: "/metadata/finalizers", value: [$F]}]; null)
          else
            # Append, unguarded: the server appends to the list as it is at that moment, so other
            # clients' entries stay even if they were added a moment ago.
-           row($name; "finalizer"; "add"; [{op: "add", path: "/metadata/finalizers/-", value: $F}]; null)
+           row($name; "finalizer"; "append"; [{op: "add", path: "/metadata/finalizers/-", value: $F}]; null)
          end),
         (if $ns == null then
            row($name; "namespace"; "create";
@@ -160,176 +170,269 @@ def row($name; $fn; $op; $a; $b): [$name, $fn, $op, ($a | tojson), ($b | tojson)
                 spec: {hard: $hard}}; null)
          elif ((($q.spec.hard // {}) | keys) != ($hard | keys))
               or ([$hard | keys[] as $k | ($q.spec.hard[$k] | canon) == ($hard[$k] | canon)] | all | not) then
-           # Extra keys are set to null so that the quota holds exactly the desired limits. The
-           # old limits go along for the log and the Event.
-           row($name; "quota"; "patch";
-               {spec: {hard: ((($q.spec.hard // {}) | map_values(null)) + $hard)}};
-               ($q.spec.hard // {}))
+           # The quota as read, with exactly the desired limits, replaced only if nobody wrote it
+           # since (resourceVersion). With the spec unchanged since it was last reconciled, the
+           # difference is an edit of the quota: a revert, which is worth an Event.
+           row($name; "quota"; "update";
+               ($q | unread | .spec.hard = $hard);
+               ($t.status.observedGeneration == $t.metadata.generation
+                | {revert: .,
+                   message: (if . then "quota \($Q) in \($nsname) was \($q.spec.hard // {} | tojson); set back to \($hard | tojson)"
+                             else "quota \($Q) in \($nsname) set to \($hard | tojson) (generation \($t.metadata.generation))" end)}))
          else empty end),
         # Status last: it is only reached when every write above succeeded, so observedGeneration
         # never claims a generation whose namespace and quota are not in place.
         (if ($t.status.observedGeneration != $t.metadata.generation) or ($t.status.namespace != $nsname) then
-           row($name; "status"; "patch";
-               {status: {observedGeneration: $t.metadata.generation, namespace: $nsname}}; null)
+           row($name; "status"; "update";
+               ($t | unread | .status = ((.status // {}) + {observedGeneration: .metadata.generation, namespace: $nsname}));
+               null)
          else empty end)
       end
   end
 JQ
 
-# event: record a per-TeamSpace problem as a Kubernetes Event on it, so that the user who owns
-# the TeamSpace sees it without reading the controller's journal. The name is derived from (uid,
-# reason, message): an Event that already exists is never written again, which bounds Events to
-# one per distinct problem instead of one per pass. Best effort: a failure is logged, never fatal.
+# written: what kubectl printed with -o json (one document per object, or a List) as lines
+# "<teamspace> ok <resourceVersion>": the TeamSpace behind each object that was written.
+written() {
+  jq -r 'if .kind == "List" then .items[] else . end
+         | [if .kind == "TeamSpace" then .metadata.name
+            else (.metadata.namespace // .metadata.name) | ltrimstr("team-") end,
+            "ok", .metadata.resourceVersion] | @tsv'
+}
+
+# batch VERB [FLAG...]: the objects on stdin, one per line, as one List to `kubectl VERB -f -`.
+# kubectl goes on after an object fails; its error, naming the object, goes to stderr.
+# --validate=false: the API server validates anyway; kubectl would first download the server's
+# whole OpenAPI schema to check the objects itself.
+batch() {
+  jq -cs '{apiVersion: "v1", kind: "List", items: .}' |
+    { k "$@" --validate=false -f - -o json || true; } | written
+}
+
+# patches: JSON-patch TeamSpaces ("<name> <patch>" lines on stdin) with one kubectl call per
+# distinct patch, for every TeamSpace it goes to. Finalizer patches are mostly alike (append ours;
+# create the list; remove the first entry), so a pass needs one or two calls, not one per
+# TeamSpace. The TeamSpaces are named in a List on stdin, not as arguments: given names, kubectl
+# first reads each object, at its client-side limit of 5 requests per second (50 TeamSpaces: 8 s;
+# this way 0.3 s).
+patches() {
+  local body names
+  awk -F'\t' '{ to[$2] = to[$2] " " $1 } END { for (p in to) print p "\t" to[p] }' |
+    while IFS=$'\t' read -r body names; do
+      # shellcheck disable=SC2086 # a list of names (DNS names: no spaces, no globs)
+      jq -n --arg g "$GROUP" '{apiVersion: "v1", kind: "List", items: [$ARGS.positional[]
+               | {apiVersion: "\($g)/v1alpha1", kind: "TeamSpace", metadata: {name: .}}]}' \
+         --args $names |
+        { k patch -f - --type json -p "$body" -o json || true; } | written
+    done
+}
+
+# A conflict (optimistic concurrency: somebody wrote the object since it was read) is routine and
+# retried on the next pass; it is logged but not worth an Event. For our JSON patches, "rejected
+# our request" (422, no details from kubectl) means a test op failed: the list changed meanwhile.
+is_conflict() {
+  grep -qE 'has been modified|testing value .* failed|Conflict|rejected our request due to an error in our request' <<<"$1"
+}
+
+# event NAME UID TYPE REASON MESSAGE: queue an Event on a TeamSpace, so that the user who owns it
+# sees the problem without reading the controller's journal; events() writes the queue. The name
+# is derived from (uid, reason, message): an Event that already exists is never written again,
+# which bounds Events to one per distinct problem instead of one per pass.
 event() {
-  local name=$1 type=$2 reason=$3 msg=$4 evname now body
-  [[ -n $CUR_UID ]] || return 0
-  if ((EVENTS_LISTED == 0)); then
-    EVENTS_LISTED=1
-    if ! EXISTING_EVENTS=$(k get events -n "$EVENT_NS" -l "$MANAGED_BY" \
-                             -o jsonpath='{range .items[*]}{.metadata.name}{"\n"}{end}'); then
-      EVENTS_LISTED=2
-      log "TeamSpace $name: cannot list Events in $EVENT_NS; not recording this one"
-    fi
-  fi
-  ((EVENTS_LISTED == 1)) || return 0
-  evname="${name:0:200}.cnpa.$(printf '%s\n%s\n%s' "$CUR_UID" "$reason" "$msg" | sha256sum | cut -c1-16)"
-  if grep -qxF -- "$evname" <<<"$EXISTING_EVENTS"; then
-    return 0
-  fi
-  now=$(date -u +%Y-%m-%dT%H:%M:%SZ)
-  body=$(jq -n --arg n "$evname" --arg ns "$EVENT_NS" --arg ts "$name" --arg uid "$CUR_UID" \
-            --arg type "$type" --arg reason "$reason" --arg msg "$msg" --arg now "$now" \
-            --arg g "$GROUP" --arg mb "${MANAGED_BY#*=}" '
+  local name=$1 uid=$2 type=$3 reason=$4 msg=$5 hash
+  [[ -n $uid ]] || return 0
+  hash=$(printf '%s\n%s\n%s' "$uid" "$reason" "$msg" | sha256sum | cut -c1-16)
+  jq -cn --arg n "${name:0:200}.cnpa.$hash" --arg ns "$EVENT_NS" --arg ts "$name" --arg uid "$uid" \
+         --arg type "$type" --arg reason "$reason" --arg msg "$msg" --arg g "$GROUP" \
+         --arg now "$(date -u +%Y-%m-%dT%H:%M:%SZ)" --arg mb "${MANAGED_BY#*=}" '
     {apiVersion: "v1", kind: "Event",
      metadata: {name: $n, namespace: $ns, labels: {"app.kubernetes.io/managed-by": $mb}},
      involvedObject: {apiVersion: "\($g)/v1alpha1", kind: "TeamSpace", name: $ts, uid: $uid},
      type: $type, reason: $reason, message: $msg[0:1024], count: 1,
-     firstTimestamp: $now, lastTimestamp: $now, source: {component: "cnpa-op"}}')
-  if k create -f - <<<"$body" >/dev/null; then
-    EXISTING_EVENTS+=$'\n'"$evname"
-  else
-    log "TeamSpace $name: could not record Event $reason"
+     firstTimestamp: $now, lastTimestamp: $now, source: {component: "cnpa-op"}}' >>"$WORK/events"
+}
+
+# events: write the queued Events that do not exist yet, in one call. Best effort: a failure is
+# logged, never fatal. A pass with nothing queued makes no request at all.
+events() {
+  local have
+  [[ -s $WORK/events ]] || return 0
+  if ! have=$(k get events -n "$EVENT_NS" -l "$MANAGED_BY" \
+                -o jsonpath='{range .items[*]}{.metadata.name}{"\n"}{end}'); then
+    log "cannot list Events in $EVENT_NS; not recording this pass's"
+    return 0
+  fi
+  jq -cs --arg have "$have" '
+      ($have | split("\n") | map({key: ., value: true}) | from_entries) as $have
+      | map(select($have[.metadata.name] | not)) | unique_by(.metadata.name)
+      | select(length > 0) | {apiVersion: "v1", kind: "List", items: .}' \
+    "$WORK/events" >"$WORK/events.new"
+  if [[ -s $WORK/events.new ]] &&
+     ! k create --validate=false -f "$WORK/events.new" -o name >/dev/null; then
+    log "could not record some Events"
   fi
 }
 
-# teamspace: a problem with the TeamSpace itself that no write can fix; report it, retry later.
+# Each step below reads its rows, "<teamspace> <json> <json> <uid>", on stdin and prints
+# "<teamspace> ok [<resourceVersion>]" for every TeamSpace whose write went through, or
+# "<teamspace> <Reason> <message>" for a failure it can explain. main() takes every other row as
+# failed, with kubectl's error.
+
+# teamspace: a problem with the TeamSpace itself that no write can fix; reported, retried later.
 teamspace() {
-  local name=$1 msg
-  msg=$(jq -r . <<<"$3")
-  REASON=$(jq -r . <<<"$4")
-  log "TeamSpace $name: $msg"
-  return 1
+  jq -rR 'split("\t") | [.[0], (.[2] | fromjson), (.[1] | fromjson)] | @tsv'
 }
 
-# finalizer add: a JSON patch appending our entry, never replacing the list, so finalizers of
-# other clients survive even concurrent edits. It is not guarded by resourceVersion once the list
-# exists: an earlier guarded version lost every race against a client editing the list all the
-# time and never got its finalizer in (found by tests/faults: 50 edits by another client). A
-# duplicate that two racing passes could make is removed by the next pass (dedup).
-# finalizer remove: write the archive record atomically (temporary file, then rename) and only
-# then drop our entry; if the archive cannot be written the finalizer stays and deletion waits.
+# archive NAME RECORD: the archive record, written atomically (temporary file, then rename).
+archive() {
+  local name=$1 record=$2 tmp
+  # A pass killed between mktemp and mv leaves a temporary file; the next attempt removes it.
+  rm -f -- "$ARCHIVE_DIR/.$name.json."?????? 2>/dev/null || true
+  mkdir -p -- "$ARCHIVE_DIR" && tmp=$(mktemp -- "$ARCHIVE_DIR/.$name.json.XXXXXX") || return 1
+  if ! { printf '%s\n' "$record" >"$tmp" && mv -f -- "$tmp" "$ARCHIVE_DIR/$name.json"; }; then
+    rm -f -- "$tmp"
+    return 1
+  fi
+}
+
+# finalizer: add ours before anything exists that deletion must clean up, drop a duplicate, or,
+# on deletion, write the archive record and only then release ours (if the archive cannot be
+# written the finalizer stays and deletion waits). All by JSON patches against the list as the
+# server has it when the patch arrives, never a whole list sent back: an earlier version replaced
+# the list guarded by resourceVersion and lost every race against a client editing the list all
+# the time (tests/faults: 50 edits by another client). The resourceVersions the patches return
+# go to status(), which must not conflict with our own write.
 finalizer() {
-  local name=$1 op=$2 patch=$3 record=$4 tmp
+  local op=$1 name patch record
   if [[ $op == remove ]]; then
-    REASON=ArchiveFailed
-    # A pass killed between mktemp and mv leaves a temporary file; the next attempt removes it.
-    rm -f -- "$ARCHIVE_DIR/.$name.json."?????? 2>/dev/null || true
-    if ! { mkdir -p -- "$ARCHIVE_DIR" && tmp=$(mktemp -- "$ARCHIVE_DIR/.$name.json.XXXXXX") &&
-           { printf '%s\n' "$record" >"$tmp" && mv -f -- "$tmp" "$ARCHIVE_DIR/$name.json" ||
-             { rm -f -- "$tmp"; false; }; }; }; then
-      log "TeamSpace $name: cannot write $ARCHIVE_DIR/$name.json; keeping the finalizer, deletion waits"
-      return 1
-    fi
-    REASON=""
-  fi
-  k patch "$TEAMSPACES" "$name" --type json -p "$patch"
-}
-
-# namespace: create team-<name> (labelled, owned by the TeamSpace) or restore its ownerReference.
-# An AlreadyExists error here means a namespace without our label (the list only sees labelled
-# ones): somebody else's. It is never adopted nor modified; the error says so.
-namespace() {
-  local name=$1 op=$2 body=$3 out
-  if [[ $op == create ]]; then
-    if ! out=$(k create -f - <<<"$body" 2>&1); then
-      if [[ $out == *AlreadyExists* || $out == *"already exists"* ]]; then
-        REASON=NamespaceNotOurs
-        log "TeamSpace $name: namespace team-$name already exists and is not managed by cnpa-op (no $LABEL=$name label); not adopting or modifying it - delete or rename it"
+    : >"$WORK/archived"
+    while IFS=$'\t' read -r name patch record _; do
+      if archive "$name" "$record"; then
+        printf '%s\t%s\n' "$name" "$patch" >>"$WORK/archived"
       else
-        log "TeamSpace $name: namespace create: $out"
+        printf '%s\tArchiveFailed\t%s\n' "$name" \
+          "cannot write $ARCHIVE_DIR/$name.json; keeping the finalizer, deletion waits"
       fi
-      return 1
-    fi
-    printf '%s\n' "$out"
+    done
+    patches <"$WORK/archived"
   else
-    k patch namespace "team-$name" --type merge -p "$body"
+    cut -f1,2 | patches | tee -a "$WORK/versions"
   fi
 }
 
-# quota: create team-quota or set its limits back to the TeamSpace's spec. A reverted edit is
-# logged and recorded as a Normal Event, so whoever edited the quota can learn why it came back.
+# namespace create: team-<name>, labelled and owned by the TeamSpace. AlreadyExists means a
+# namespace without our label (the list sees only labelled ones): somebody else's. It is never
+# adopted nor modified; the message says so. namespace patch: restore our ownerReference.
+namespace() {
+  local op=$1 name patch
+  if [[ $op == patch ]]; then
+    while IFS=$'\t' read -r name patch _; do
+      { k patch namespace "team-$name" --type merge -p "$patch" -o json || true; } | written
+    done
+    return
+  fi
+  cut -f2 | batch create 2>"$WORK/namespace.err"
+  cat -- "$WORK/namespace.err" >&2
+  sed -n 's/.*namespaces "team-\([^"]*\)" already exists.*/\1/p' "$WORK/namespace.err" |
+    while read -r name; do
+      printf '%s\tNamespaceNotOurs\t%s\n' "$name" "namespace team-$name already exists and is not managed by cnpa-op (no $LABEL=$name label); not adopting or modifying it - delete or rename it"
+    done
+}
+
+# quota: create team-quota, or set its limits back to exactly the TeamSpace's spec. A reverted
+# edit is logged and recorded as a Normal Event, so whoever edited the quota can learn why it
+# came back; a change that follows the TeamSpace's spec is only logged.
 quota() {
-  local name=$1 op=$2 body=$3 old=$4 want
+  local op=$1 name uid revert msg
   if [[ $op == create ]]; then
-    k create -f - <<<"$body"
-  else
-    k patch resourcequota "$QUOTA" -n "team-$name" --type merge -p "$body" || return 1
-    want=$(jq -c '.spec.hard | with_entries(select(.value != null))' <<<"$body")
-    log "TeamSpace $name: quota $QUOTA in team-$name was $old; set back to $want"
-    event "$name" Normal QuotaReverted "quota $QUOTA in team-$name was $old; set back to $want"
+    cut -f2 | batch create
+    return
   fi
+  tee "$WORK/quota.rows" | cut -f2 | batch replace | tee "$WORK/quota.done"
+  awk -F'\t' 'FILENAME == ARGV[1] { done[$1] = 1; next } ($1 in done) { print $1 "\t" $4 "\t" $3 }' \
+      "$WORK/quota.done" "$WORK/quota.rows" |
+    jq -rR 'split("\t") | [.[0], .[1], (.[2] | fromjson | .revert, .message)] | @tsv' |
+    while IFS=$'\t' read -r name uid revert msg; do
+      log "TeamSpace $name: $msg"
+      if [[ $revert == true ]]; then
+        event "$name" "$uid" Normal QuotaReverted "$msg"
+      fi
+    done
 }
 
-# status: only through the status subresource (the main endpoint silently drops .status).
+# status: observedGeneration and namespace, only through the status subresource (the main
+# endpoint ignores .status). A replace carrying the resourceVersion that was read, or the one
+# this pass's finalizer patch returned: if anybody changed the TeamSpace since, it fails and the
+# next pass retries, so a generation that was never reconciled is never recorded.
 status() {
-  local name=$1 body=$3
-  k patch "$TEAMSPACES" "$name" --subresource=status --type merge -p "$body"
+  cut -f2 | jq -c --rawfile versions "$WORK/versions" '
+      ($versions | split("\n") | map(split("\t") | select(length == 3) | {key: .[0], value: .[2]})
+       | from_entries) as $rv
+      | .metadata.resourceVersion = ($rv[.metadata.name] // .metadata.resourceVersion)' |
+    batch replace --subresource=status
 }
-
-# A conflict (optimistic concurrency: somebody wrote the object since our read) is routine and
-# retried next pass; it is logged but not worth an Event.
-is_conflict() { grep -qE 'has been modified|testing value .* failed|Conflict' <<<"$1"; }
 
 main() {
-  local ts nss quotas plan name fn op a b uid skip="" failed=0 msg
-  ERRFILE=$(mktemp) || { log "cannot create a temporary file; pass aborted"; return 2; }
-  trap 'rm -f -- "$ERRFILE"' EXIT
-  # Three list requests per pass, whatever the number of TeamSpaces.
-  if ! ts=$(k get "$TEAMSPACES" -o json); then
-    log "cannot list TeamSpaces (API server unreachable or CRD missing?); pass aborted, nothing written"
+  local step fn op name uid reason msg rc=0
+  WORK=$(mktemp -d) || { log "cannot create a temporary directory; pass aborted"; return 2; }
+  trap 'rm -rf -- "$WORK"' EXIT
+  : >"$WORK/versions"
+  : >"$WORK/failed"
+  : >"$WORK/events"
+  # Three list requests per pass, whatever the number of TeamSpaces, at the same time.
+  k get "$TEAMSPACES" -o json >"$WORK/teamspaces" 2>"$WORK/teamspaces.err" &
+  local ts=$!
+  k get namespaces -l "$LABEL" -o json >"$WORK/namespaces" 2>"$WORK/namespaces.err" &
+  local nss=$!
+  k get resourcequotas --all-namespaces --field-selector "metadata.name=$QUOTA" -o json \
+    >"$WORK/quotas" 2>"$WORK/quotas.err" &
+  local quotas=$!
+  wait "$ts" || rc=2
+  wait "$nss" || rc=2
+  wait "$quotas" || rc=2
+  if ((rc)); then
+    cat -- "$WORK"/*.err >&2
+    log "cannot list TeamSpaces, namespaces or quotas (API server unreachable or CRD missing?); pass aborted, nothing written"
     return 2
   fi
-  if ! nss=$(k get namespaces -l "$LABEL" -o json) ||
-     ! quotas=$(k get resourcequotas --all-namespaces --field-selector "metadata.name=$QUOTA" -o json); then
-    log "cannot list namespaces/quotas (API server unreachable?); pass aborted, nothing written"
-    return 2
-  fi
-  plan=$(printf '%s\n%s\n%s\n' "$ts" "$nss" "$quotas" |
-         jq -nr --arg F "$FINALIZER" --arg L "$LABEL" --arg G "$GROUP" --arg Q "$QUOTA" "$PLAN")
-  while IFS=$'\t' read -r name fn op a b uid; do
-    [[ -n $name ]] || continue
-    # One failed write stops the remaining writes of *that* TeamSpace only (so status never runs
-    # ahead of what is in place); the others carry on.
-    [[ $name == "$skip" ]] && continue
-    REASON="" CUR_UID=$uid
-    if ! "$fn" "$name" "$op" "$a" "$b" 2>"$ERRFILE"; then
-      cat -- "$ERRFILE" >&2
-      [[ $fn == teamspace ]] || log "TeamSpace $name: $fn $op failed; retrying on the next pass"
-      # The Event carries the last thing said about the failure, without our log prefix.
-      msg=$(grep -v '^[[:space:]]*$' -- "$ERRFILE" | tail -n 1) || true
-      msg=${msg#reconcile: }
-      msg=${msg#"TeamSpace $name: "}
-      if ! is_conflict "$msg"; then
-        [[ -n $REASON ]] || REASON="${fn^}${op^}Failed"
-        event "$name" Warning "$REASON" "${msg:-$fn $op failed}"
+  jq -nr --arg F "$FINALIZER" --arg L "$LABEL" --arg G "$GROUP" --arg Q "$QUOTA" "$PLAN" \
+     "$WORK/teamspaces" "$WORK/namespaces" "$WORK/quotas" >"$WORK/plan"
+  for step in $STEPS; do
+    fn=${step%:*} op=${step#*:}
+    awk -F'\t' -v fn="$fn" -v op="$op" 'FILENAME == ARGV[1] { failed[$1] = 1; next }
+        $2 == fn && $3 == op && !($1 in failed) { print $1 "\t" $4 "\t" $5 "\t" $6 }' \
+        "$WORK/failed" "$WORK/plan" >"$WORK/rows"
+    [[ -s $WORK/rows ]] || continue
+    "$fn" "$op" <"$WORK/rows" >"$WORK/done" 2>"$WORK/err" || true
+    cat -- "$WORK/err" >&2
+    # Rows the step did not report written have failed: with the step's own reason and message,
+    # or else with kubectl's last error line that names the object (kubectl quotes names), or
+    # else its last line that names none (a patch's 422 names nothing).
+    while IFS=$'\t' read -r name uid reason msg; do
+      printf '%s\n' "$name" >>"$WORK/failed"
+      rc=1
+      if [[ $reason != - ]]; then
+        log "TeamSpace $name: $msg"
+      else
+        log "TeamSpace $name: $fn $op failed; retrying on the next pass"
+        reason="${fn^}${op^}Failed" msg=${msg:-$fn $op failed}
       fi
-      skip=$name
-      failed=1
-    else
-      cat -- "$ERRFILE" >&2
-    fi
-  done <<<"$plan"
-  return "$failed"
+      is_conflict "$msg" || event "$name" "$uid" Warning "$reason" "$msg"
+    done < <(awk -F'\t' '
+        FILENAME == ARGV[1] { done[$1] = $2 "\t" $3; next }
+        FILENAME == ARGV[2] { err[++n] = $0; if (index($0, "\"") == 0) anon = $0; next }
+        ($1 in done) && done[$1] ~ /^ok\t/ { next }
+        ($1 in done) { print $1 "\t" $4 "\t" done[$1]; next }
+        { msg = anon
+          for (i = n; i > 0; i--)
+            if (index(err[i], "\"" $1 "\"") || index(err[i], "team-" $1 "\"") || index(err[i], "team-" $1 " ")) {
+              msg = err[i]
+              break
+            }
+          print $1 "\t" $4 "\t-\t" msg }' "$WORK/done" "$WORK/err" "$WORK/rows")
+  done
+  events
+  return "$rc"
 }
 
 main "$@"

@@ -56,7 +56,8 @@ def test_api_server_stopped_30s(lab, report):
     report["api_outage_30s_recover_s"] = round(time.monotonic() - t0, 1)
     assert active(lab)
     journal = lab.journal(since)
-    assert "cannot list TeamSpaces (API server unreachable or CRD missing?); pass aborted" in journal
+    assert ("cannot list TeamSpaces, namespaces or quotas (API server unreachable or CRD missing?);"
+            " pass aborted") in journal
     lab.delete(TS, "outage")
     lab.wait_gone(TS, "outage")
 

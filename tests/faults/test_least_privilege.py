@@ -30,11 +30,14 @@ def test_service_uses_its_own_serviceaccount(lab):
 
 
 def test_identity_holds_only_what_the_code_calls(lab):
-    allowed = [("list", TS), ("patch", TS), ("patch", f"{TS}/status"), ("create", "namespaces"),
+    status = "--subresource=status"  # (TS/status would name a TeamSpace called "status")
+    allowed = [("list", TS), ("patch", TS), ("update", TS, status), ("create", "namespaces"),
                ("patch", "namespaces"), ("list", "resourcequotas", "-A"),
-               ("create", "resourcequotas", "-n", "team-alpha"), ("create", "events", "-n", "default")]
+               ("create", "resourcequotas", "-n", "team-alpha"),
+               ("update", "resourcequotas", "-n", "team-alpha"), ("create", "events", "-n", "default")]
     denied = [("get", "secrets", "-A"), ("list", "secrets", "-n", "cnpa-system"),
               ("delete", "namespaces"), ("delete", TS), ("create", TS), ("update", TS),
+              ("patch", TS, status), ("patch", "resourcequotas", "-n", "team-alpha"),
               ("delete", "resourcequotas", "-n", "team-alpha"), ("create", "events", "-n", "kube-system"),
               ("create", "pods", "-n", "team-alpha"), ("get", "configmaps", "-n", "kube-system"),
               ("create", "clusterrolebindings"), ("impersonate", "users"), ("*", "*")]

@@ -1,11 +1,15 @@
 #!/usr/bin/env python3
 """A tiny stand-in for kubectl, enough for reconcile.sh's unit tests.
 
-State lives in $FAKE_KUBE_STATE (JSON: teamspaces, namespaces, quotas keyed by name/namespace,
-events keyed by name).
+Like kubectl, a write names one object or many (`create|replace|patch -f` with a List, `patch
+TYPE NAME...`) and goes on after one fails. State lives in $FAKE_KUBE_STATE (JSON: teamspaces,
+namespaces, quotas keyed by name/namespace, events keyed by name).
 Every request is appended to $FAKE_KUBE_LOG as one JSON line {"verb", "resource", "name"} so the
 tests can count list and write requests the way the API server's audit log would.
 $FAKE_KUBE_DOWN=1 makes every request fail like an unreachable API server.
+$FAKE_KUBE_CALLS, if set, gets one line per kubectl process ("VERB TYPE").
+$FAKE_KUBE_AFTER_LIST, a JSON merge patch of the state, is applied right after the TeamSpaces are
+listed: another client writing between reconcile.sh's read and its writes.
 """
 
 from __future__ import annotations
@@ -24,8 +28,11 @@ def load() -> dict:
 
 
 def save(state: dict) -> None:
-    with open(os.environ["FAKE_KUBE_STATE"], "w", encoding="utf-8") as fh:
+    # Atomic: reconcile.sh runs its lists concurrently, a reader must never see half a file.
+    tmp = os.environ["FAKE_KUBE_STATE"] + f".{os.getpid()}"
+    with open(tmp, "w", encoding="utf-8") as fh:
         json.dump(state, fh)
+    os.replace(tmp, os.environ["FAKE_KUBE_STATE"])
 
 
 def record(verb: str, resource: str, name: str = "") -> None:
@@ -68,9 +75,11 @@ def json_patch(doc: dict, ops: list) -> dict:
     for op in ops:
         parent, key = _walk(doc, op["path"])
         if op["op"] == "test":
-            actual = parent[int(key)] if isinstance(parent, list) else parent.get(key, KeyError)
+            # A missing member tests equal to null, as in the API server.
+            actual = parent[int(key)] if isinstance(parent, list) else parent.get(key)
             if actual != op["value"]:
-                fail(f"the server rejected our request: testing value {op['path']} failed", 1)
+                # What kubectl prints for a failed test op: a 422 naming neither object nor path.
+                raise Failed("(Invalid): the server rejected our request due to an error in our request")
         elif op["op"] == "add":
             if isinstance(parent, list):
                 parent.insert(len(parent) if key == "-" else int(key), op["value"])
@@ -93,10 +102,133 @@ def opt(args: list, name: str, default=None):
     return default
 
 
+def positional(args: list) -> list:
+    """Arguments that are not flags nor flag values (kubectl VERB TYPE NAME...)."""
+    out, skip = [], False
+    for arg in args:
+        if skip:
+            skip = False
+        elif arg.startswith("-"):
+            skip = "=" not in arg and arg in ("-p", "-n", "-o", "-f", "-l", "--type", "--subresource",
+                                               "--field-selector")
+        else:
+            out.append(arg)
+    return out
+
+
+KINDS = {"Namespace": "namespaces", "ResourceQuota": "resourcequotas", "Event": "events",
+         "TeamSpace": TS}
+
+
+def where(state: dict, resource: str, obj_meta: dict) -> tuple[dict, str]:
+    """The store and key of an object, by its resource and metadata."""
+    if resource in (TS, "teamspace"):
+        return state["teamspaces"], obj_meta["name"]
+    if resource in ("namespaces", "namespace"):
+        return state["namespaces"], obj_meta["name"]
+    if resource == "events":
+        return state.setdefault("events", {}), obj_meta["name"]
+    return state["quotas"], obj_meta["namespace"]
+
+
+def read_objects(path: str) -> list:
+    """The objects of `-f PATH` (- for stdin): one object or a List."""
+    if path == "-":
+        doc = json.loads(sys.stdin.read())
+    else:
+        with open(path, encoding="utf-8") as fh:
+            doc = json.load(fh)
+    return doc["items"] if doc.get("kind") == "List" else [doc]
+
+
+def store_or_delete(store: dict, key: str, obj: dict) -> None:
+    if obj["metadata"].get("deletionTimestamp") and not obj["metadata"].get("finalizers"):
+        del store[key]
+    else:
+        store[key] = obj
+
+
+class Failed(Exception):
+    pass
+
+
+def create(state: dict, obj: dict) -> dict:
+    resource = KINDS[obj["kind"]]
+    store, key = where(state, resource, obj["metadata"])
+    if resource == "resourcequotas" and key not in state["namespaces"]:
+        raise Failed(f'error when creating "STDIN": namespaces "{key}" not found')
+    if key in store:
+        raise Failed(f'(AlreadyExists): error when creating "STDIN": {resource} '
+                     f'"{obj["metadata"]["name"]}" already exists')
+    record("create", resource, obj["metadata"]["name"])
+    obj = copy.deepcopy(obj)
+    obj["metadata"]["uid"] = f"uid-{resource}-{key}-{state.get('rv', 100)}"
+    bump(state, obj)
+    store[key] = obj
+    return obj
+
+
+def replace(state: dict, obj: dict, sub: str | None) -> dict:
+    resource = KINDS[obj["kind"]]
+    store, key = where(state, resource, obj["metadata"])
+    name = obj["metadata"]["name"]
+    if key not in store:
+        raise Failed(f'error when replacing "STDIN": {resource} "{name}" not found')
+    old = store[key]
+    if obj["metadata"].get("resourceVersion") != old["metadata"]["resourceVersion"]:
+        raise Failed(f'(Conflict): error when replacing "STDIN": Operation cannot be fulfilled on '
+                     f'{resource} "{name}": the object has been modified; please apply your '
+                     "changes to the latest version and try again")
+    record("update", resource + ("/status" if sub else ""), name)
+    new = copy.deepcopy(old)
+    if sub == "status":
+        new["status"] = obj.get("status")
+    else:
+        new = copy.deepcopy(obj)
+        for field in ("uid", "deletionTimestamp"):
+            if field in old["metadata"]:
+                new["metadata"][field] = old["metadata"][field]
+        new.pop("status", None)
+        if "status" in old:
+            new["status"] = old["status"]
+    bump(state, new)
+    store_or_delete(store, key, new)
+    return new
+
+
+def patch(state: dict, resource: str, name: str, namespace: str | None, kind: str, body,
+          sub: str | None) -> dict:
+    store, key = where(state, resource, {"name": name, "namespace": namespace})
+    if key not in store:
+        raise Failed(f'{resource} "{name}" not found')
+    old = store[key]
+    if sub == "status":
+        new = copy.deepcopy(old)
+        new["status"] = merge(old.get("status"), body.get("status"))
+    elif kind == "json":
+        new = json_patch(old, body)
+    else:
+        want_rv = body.get("metadata", {}).get("resourceVersion")
+        if want_rv is not None and want_rv != old["metadata"]["resourceVersion"]:
+            raise Failed(f'Operation cannot be fulfilled on {resource} "{name}": the object has '
+                         "been modified")
+        new = merge(old, body)
+        new.pop("status", None) if "status" not in old else new.__setitem__("status", old["status"])
+    record("patch", resource + ("/status" if sub else ""), name)
+    if new == old:
+        return old
+    bump(state, new)
+    store_or_delete(store, key, new)
+    return new
+
+
 def main(argv: list) -> None:
     args = [a for a in argv if not a.startswith("--request-timeout")]
     if os.environ.get("FAKE_KUBE_DOWN") == "1":
         fail("The connection to the server 127.0.0.1:6443 was refused", 1)
+    if os.environ.get("FAKE_KUBE_CALLS"):
+        with open(os.environ["FAKE_KUBE_CALLS"], "a", encoding="utf-8") as fh:
+            fh.write(" ".join([args[0], *positional(args[1:])[:1]]) + "\n")
     state = load()
     verb = args[0]
     if verb == "get":
@@ -104,6 +236,9 @@ def main(argv: list) -> None:
         record("list", resource)
         if resource == TS:
             items = list(state["teamspaces"].values())
+            if os.environ.get("FAKE_KUBE_AFTER_LIST"):
+                # Another client writes right after the TeamSpaces were read (a race, on demand).
+                save(merge(state, json.loads(os.environ["FAKE_KUBE_AFTER_LIST"])))
         elif resource == "events":
             items = list(state.get("events", {}).values())
             if (opt(args, "-o") or "").startswith("jsonpath="):
@@ -118,63 +253,37 @@ def main(argv: list) -> None:
             items = list(state["quotas"].values())
         print(json.dumps({"items": items}))
         return
-    if verb == "create":
-        obj = json.loads(sys.stdin.read())
-        if obj["kind"] == "Namespace":
-            store, key, resource = state["namespaces"], obj["metadata"]["name"], "namespaces"
-        elif obj["kind"] == "Event":
-            store, key, resource = state.setdefault("events", {}), obj["metadata"]["name"], "events"
+    # Writes go on after an object fails, like kubectl: each error on stderr, exit status 1.
+    sub = opt(args, "--subresource")
+    if verb in ("create", "replace"):
+        objs = read_objects(opt(args, "-f"))
+        todo = [(lambda o=o: create(state, o)) if verb == "create"
+                else (lambda o=o: replace(state, o, sub)) for o in objs]
+    elif verb == "patch":
+        if opt(args, "-f"):
+            objs = read_objects(opt(args, "-f"))
+            resource, names = KINDS[objs[0]["kind"]], [o["metadata"]["name"] for o in objs]
         else:
-            store, key, resource = state["quotas"], obj["metadata"]["namespace"], "resourcequotas"
-            if key not in state["namespaces"]:
-                fail(f'namespaces "{key}" not found')
-        if key in store:
-            fail(f'(AlreadyExists): {resource} "{obj["metadata"]["name"]}" already exists')
-        record("create", resource, obj["metadata"]["name"])
-        obj["metadata"]["uid"] = f"uid-{resource}-{key}-{state.get('rv', 100)}"
-        bump(state, obj)
-        store[key] = obj
-        save(state)
-        print(f"{resource}/{obj['metadata']['name']} created")
-        return
-    if verb == "patch":
-        resource, name = args[1], args[2]
+            resource, *names = positional(args[1:])
         body = json.loads(opt(args, "-p"))
-        kind = opt(args, "--type")
-        if resource == TS:
-            store, key = state["teamspaces"], name
-        elif resource == "namespace":
-            store, key = state["namespaces"], name
+        todo = [(lambda n=n: patch(state, resource, n, opt(args, "-n"), opt(args, "--type"),
+                                   body, sub)) for n in names]
+    else:
+        fail(f"fake kubectl: unsupported {argv}", 3)
+    failed = False
+    for write in todo:
+        try:
+            obj = write()
+        except Failed as err:
+            print(f"Error from server {err}", file=sys.stderr)
+            failed = True
+            continue
+        if opt(args, "-o") == "json":
+            print(json.dumps(obj))
         else:
-            store, key = state["quotas"], opt(args, "-n")
-        if key not in store:
-            fail(f'{resource} "{name}" not found')
-        old = store[key]
-        sub = opt(args, "--subresource")
-        if sub == "status":
-            new = copy.deepcopy(old)
-            new["status"] = merge(old.get("status"), body.get("status"))
-        elif kind == "json":
-            new = json_patch(old, body)
-        else:
-            want_rv = body.get("metadata", {}).get("resourceVersion")
-            if want_rv is not None and want_rv != old["metadata"]["resourceVersion"]:
-                fail("Operation cannot be fulfilled: the object has been modified")
-            new = merge(old, body)
-            new.pop("status", None) if "status" not in old else new.__setitem__("status", old["status"])
-        record("patch", resource + ("/status" if sub else ""), name)
-        if new == old:
-            print(f"{resource}/{name} patched (no change)")
-            return
-        bump(state, new)
-        if new["metadata"].get("deletionTimestamp") and not new["metadata"].get("finalizers"):
-            del store[key]
-        else:
-            store[key] = new
-        save(state)
-        print(f"{resource}/{name} patched")
-        return
-    fail(f"fake kubectl: unsupported {argv}", 3)
+            print(f"{KINDS.get(obj.get('kind'), 'object')}/{obj['metadata']['name']} written")
+    save(state)
+    sys.exit(1 if failed else 0)
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ SCRIPT = ROOT / "reconcile.sh"
 FAKE = Path(__file__).with_name("fake_kubectl.py")
 FIN = "platform.labhub.io/cleanup"
 LABEL = "platform.labhub.io/teamspace"
+TS = "teamspaces.v1alpha1.platform.labhub.io"
 
 pytestmark = pytest.mark.skipif(not (shutil.which("bash") and shutil.which("jq")),
                                 reason="reconcile.sh needs bash and jq")
@@ -64,10 +65,16 @@ class Cluster:
         """Writes other than Events (which record problems and reverted edits)."""
         return [w for w in self.writes() if w["resource"] != "events"]
 
+    def calls(self):
+        """kubectl processes of the last run, as "VERB TYPE"."""
+        return (self.tmp / "calls.log").read_text().splitlines()
+
     def run(self, **env_extra):
         self.log_file.unlink(missing_ok=True)
+        (self.tmp / "calls.log").unlink(missing_ok=True)
         env = dict(os.environ, KUBECTL=str(FAKE), FAKE_KUBE_STATE=str(self.state_file),
-                   FAKE_KUBE_LOG=str(self.log_file), CNPA_BASE_DIR=str(self.tmp / "base"))
+                   FAKE_KUBE_LOG=str(self.log_file), CNPA_BASE_DIR=str(self.tmp / "base"),
+                   FAKE_KUBE_CALLS=str(self.tmp / "calls.log"))
         env.update(env_extra)
         return subprocess.run(["bash", str(SCRIPT)], env=env, capture_output=True, text=True,
                               timeout=60, check=False)
@@ -88,7 +95,7 @@ def test_one_pass_builds_namespace_quota_status_and_finalizer(tmp_path):
     assert ts["status"] == {"observedGeneration": 3, "namespace": "team-alpha"}
     assert ts["metadata"]["finalizers"] == [FIN]
     # status went through the subresource, never the main endpoint
-    assert {"verb": "patch", "resource": "teamspaces.v1alpha1.platform.labhub.io/status",
+    assert {"verb": "update", "resource": f"{TS}/status",
             "name": "alpha"} in c.requests()
 
 
@@ -127,7 +134,7 @@ def test_drifted_quota_is_set_back_and_extra_limits_removed(tmp_path):
     c.state_file.write_text(json.dumps(st))
     assert c.run().returncode == 0
     assert c.state["quotas"]["team-a"]["spec"]["hard"] == {"pods": "6", "requests.cpu": "1"}
-    assert [w["resource"] for w in c.writes()] == ["resourcequota", "events"]
+    assert [w["resource"] for w in c.writes()] == ["resourcequotas", "events"]
 
 
 def test_deleted_quota_is_recreated_with_a_new_uid(tmp_path):
@@ -339,3 +346,59 @@ def test_finalizer_is_appended_without_a_version_guard_once_a_list_exists(tmp_pa
     c = Cluster(tmp_path, [t])
     assert c.run().returncode == 0
     assert c.state["teamspaces"]["a"]["metadata"]["finalizers"] == ["example.com/other", FIN]
+
+
+def test_writes_of_one_kind_share_one_kubectl_process_whatever_the_number(tmp_path):
+    c = Cluster(tmp_path, [teamspace(f"t{i}", f"u{i}", pods=i + 1) for i in range(25)]
+                + [teamspace("other", "uo", finalizers=["example.com/other"])])
+    res = c.run()
+    assert res.returncode == 0, res.stderr
+    assert len(c.object_writes()) == 26 * 4
+    # 3 lists; finalizers: one patch creating the list, one appending to an existing one;
+    # one create of all namespaces, one of all quotas, one replace of all statuses.
+    assert sorted(c.calls()) == sorted([f"get {TS}", "get namespaces", "get resourcequotas",
+                                        "patch", "patch", "create", "create",
+                                        "replace"])
+    assert all(t["metadata"]["finalizers"][-1] == FIN and t["status"]["observedGeneration"] == 1
+               for t in c.state["teamspaces"].values())
+    assert c.state["teamspaces"]["other"]["metadata"]["finalizers"] == ["example.com/other", FIN]
+
+
+def test_a_finalizer_list_added_meanwhile_is_not_replaced(tmp_path):
+    # The pass read no finalizers; another client adds one before our patch arrives.
+    c = Cluster(tmp_path, [teamspace("a", "u")])
+    res = c.run(FAKE_KUBE_AFTER_LIST=json.dumps(
+        {"teamspaces": {"a": {"metadata": {"finalizers": ["example.com/x"], "resourceVersion": "7"}}}}))
+    assert res.returncode == 1
+    assert c.state["teamspaces"]["a"]["metadata"]["finalizers"] == ["example.com/x"]
+    assert c.state["namespaces"] == {}  # nothing else for it this pass
+    assert c.state.get("events", {}) == {}  # a lost race is routine, not an Event
+    assert c.run().returncode == 0
+    assert c.state["teamspaces"]["a"]["metadata"]["finalizers"] == ["example.com/x", FIN]
+
+
+def test_status_is_not_written_over_a_change_made_after_the_read(tmp_path):
+    c = Cluster(tmp_path, [teamspace("a", "u", finalizers=[FIN])])
+    res = c.run(FAKE_KUBE_AFTER_LIST=json.dumps(
+        {"teamspaces": {"a": {"metadata": {"generation": 2, "resourceVersion": "7"},
+                              "spec": {"pods": 9}}}}))
+    assert res.returncode == 1 and "status update failed" in res.stderr
+    assert "status" not in c.state["teamspaces"]["a"]
+    assert c.run().returncode == 0
+    st = c.state
+    assert st["teamspaces"]["a"]["status"]["observedGeneration"] == 2
+    assert st["quotas"]["team-a"]["spec"]["hard"]["pods"] == "9"
+
+
+def test_a_quota_that_follows_a_spec_change_is_not_an_event(tmp_path):
+    c = Cluster(tmp_path, [teamspace("a", "u", pods=4)])
+    assert c.run().returncode == 0
+    st = c.state
+    st["teamspaces"]["a"]["spec"]["pods"] = 5
+    st["teamspaces"]["a"]["metadata"]["generation"] = 2
+    c.state_file.write_text(json.dumps(st))
+    res = c.run()
+    assert res.returncode == 0, res.stderr
+    assert "set to" in res.stderr and "set back" not in res.stderr
+    assert c.state["quotas"]["team-a"]["spec"]["hard"]["pods"] == "5"
+    assert c.state.get("events", {}) == {}
