@@ -10,10 +10,9 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 from matplotlib.ticker import FuncFormatter, NullFormatter
 
-CTLS = ("reconcile.sh", "proposal", "naive", "kopf")
-OURS = ("reconcile.sh", "proposal")  # the controllers the targets are about
-COLORS = {"reconcile.sh": "tab:blue", "proposal": "tab:purple", "naive": "tab:red",
-          "kopf": "tab:green"}
+CTLS = ("reconcile.sh", "naive", "kopf")
+OURS = ("reconcile.sh",)  # the controller the targets are about
+COLORS = {"reconcile.sh": "tab:blue", "naive": "tab:red", "kopf": "tab:green"}
 
 
 def pct(values: list[float], q: float) -> float | None:
@@ -98,8 +97,7 @@ def targets(results: dict, ctl: str) -> list[str]:
     rs = [by[(ctl, n)] for n in results["sizes"] if (ctl, n) in by and "error" not in by[(ctl, n)]]
     if not rs:
         return []
-    out.append(f"**{ctl}**" + (" (this repository's controller)" if ctl == "reconcile.sh" else
-                               " (bench/reconcile_batched.sh)") + ":")
+    out.append(f"**{ctl}** (this repository's controller):")
     out.append("")
     lists_ok = all(r["idle"]["requests"] == {"list": 3} for r in rs)
     writes_ok = all(max(r["idle"]["writes_all"]) == 0 for r in rs)
@@ -225,10 +223,8 @@ def write_report(results: dict, docs: Path, command: str) -> None:
         "`reconcile.sh` and `cnpa-op.service` from this repository (unit rendered from",
         "`roles/cnpa_controller`) and measures three controllers doing the same job on the same host:",
         "",
-        "- **reconcile.sh**: the project's controller (3 lists, one jq diff, writes only what differs);",
-        "- **proposal**: `bench/reconcile_batched.sh`, a batched reconcile.sh proposed by the",
-        "  benchmark (same plan; writes of one kind in one kubectl call; see Analysis), run by the",
-        "  same unit from the same path;",
+        "- **reconcile.sh**: the project's controller (3 lists, one jq diff, writes only what differs,",
+        "  writes of one kind from one kubectl process);",
         "- **naive**: `bench/naive_reconcile.sh`, written for the benchmark: gets and applies each",
         "  object separately (one kubectl per object) every pass, in the same unit (loop, sleep 3);",
         "- **kopf**: `bench/kopf_peer.py`, an event-driven peer built with kopf (watches, no polling),",
@@ -258,15 +254,13 @@ def write_report(results: dict, docs: Path, command: str) -> None:
         "",
         *table(results),
         "",
-        "## Ratios (same host; the proposal's rows from the run right after the others)",
+        "## Ratios (same run, same host)",
         "",
         *ratios(results),
         "",
         "## Targets (issue 5)",
         "",
         *targets(results, "reconcile.sh"),
-        "",
-        *targets(results, "proposal"),
         "",
         "![benchmark plot](benchmark.png)",
         "",

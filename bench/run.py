@@ -54,11 +54,9 @@ WRITE_VERBS = {"create", "update", "patch", "delete", "deletecollection"}
 HOST_KUBECONFIG = "/etc/rancher/k3s/k3s.yaml"
 BENCH_DIR = "/root/cnpa-bench"  # inside the host: probe, naive script
 PERIOD = 3.0
-TAGS = {"reconcile.sh": "r", "proposal": "p", "naive": "n", "kopf": "k"}  # TeamSpace name prefixes
-# What cnpa-op.service runs: this repository's reconcile.sh (or --reconcile), or the batched
-# proposal bench/reconcile_batched.sh (see docs/benchmark.md).
-SCRIPTS = {"reconcile.sh": lambda args: Path(args.reconcile),
-           "proposal": lambda args: ROOT / "bench/reconcile_batched.sh"}
+TAGS = {"reconcile.sh": "r", "naive": "n", "kopf": "k"}  # TeamSpace name prefixes
+# What cnpa-op.service runs: this repository's reconcile.sh, or another script (--reconcile).
+SCRIPTS = {"reconcile.sh": lambda args: Path(args.reconcile)}
 
 # The bench host's audit policy: every request of the admin user (kubectl, the benchmark, kopf),
 # writes of everyone else - the default policy's lines stay as they are.
@@ -238,7 +236,7 @@ class Bench:
         if ctl == "kopf":
             self.start_kopf()
             return
-        if ctl in SCRIPTS:  # reconcile.sh or the proposal, installed where the role puts it
+        if ctl in SCRIPTS:  # installed where the role puts reconcile.sh
             path = SCRIPTS[ctl](self.args)
             self.put("/root/cnpa-op/reconcile.sh", path.read_text(), "0755")
             commit = subprocess.run(["git", "-C", str(ROOT), "log", "-1", "--format=%h %cI", "--",
@@ -445,7 +443,7 @@ class Bench:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--sizes", default="1,10,50,200", help="numbers of TeamSpaces")
-    parser.add_argument("--controllers", default="reconcile.sh,proposal,naive,kopf")
+    parser.add_argument("--controllers", default="reconcile.sh,naive,kopf")
     parser.add_argument("--trials", type=int, default=20, help="quota restore trials per run")
     parser.add_argument("--instance", default="bench", help="test host name (created, destroyed)")
     parser.add_argument("--keep", action="store_true", help="keep the test host afterwards")
