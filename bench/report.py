@@ -149,8 +149,9 @@ def plot(results: dict, path: Path) -> None:
     for c in CTLS:
         kw = {"marker": "o", "color": COLORS[c], "label": c}
         a1.plot(*series(c, lambda r: r.get("idle", {}).get("wall_s")), **kw)
-        a1.plot(*series(c, lambda r: (r.get("work") or {}).get("wall_s")),
-                **{**kw, "linestyle": "--", "marker": "s", "label": f"{c} (work pass)"})
+        work = series(c, lambda r: (r.get("work") or {}).get("wall_s"))
+        if work[0]:  # kopf has no passes, so no work pass either
+            a1.plot(*work, **{**kw, "linestyle": "--", "marker": "s", "label": f"{c} (work pass)"})
         a2.plot(*series(c, lambda r: sum(r["idle"]["requests"].values()) if r.get("idle") else None),
                 **{**kw, "label": c + (" (per 3 s idle window)" if c == "kopf" else "")})
         a3.plot(*series(c, lambda r: r.get("converge_s")), **kw)
