@@ -122,7 +122,7 @@ KINDS = {"Namespace": "namespaces", "ResourceQuota": "resourcequotas", "Event": 
 
 def where(state: dict, resource: str, obj_meta: dict) -> tuple[dict, str]:
     """The store and key of an object, by its resource and metadata."""
-    if resource in (TS, "teamspace"):
+    if resource == TS:
         return state["teamspaces"], obj_meta["name"]
     if resource in ("namespaces", "namespace"):
         return state["namespaces"], obj_meta["name"]
@@ -196,16 +196,12 @@ def replace(state: dict, obj: dict, sub: str | None) -> dict:
     return new
 
 
-def patch(state: dict, resource: str, name: str, namespace: str | None, kind: str, body,
-          sub: str | None) -> dict:
+def patch(state: dict, resource: str, name: str, namespace: str | None, kind: str, body) -> dict:
     store, key = where(state, resource, {"name": name, "namespace": namespace})
     if key not in store:
         raise Failed(f'{resource} "{name}" not found')
     old = store[key]
-    if sub == "status":
-        new = copy.deepcopy(old)
-        new["status"] = merge(old.get("status"), body.get("status"))
-    elif kind == "json":
+    if kind == "json":
         new = json_patch(old, body)
     else:
         want_rv = body.get("metadata", {}).get("resourceVersion")
@@ -214,7 +210,7 @@ def patch(state: dict, resource: str, name: str, namespace: str | None, kind: st
                          "been modified")
         new = merge(old, body)
         new.pop("status", None) if "status" not in old else new.__setitem__("status", old["status"])
-    record("patch", resource + ("/status" if sub else ""), name)
+    record("patch", resource, name)
     if new == old:
         return old
     bump(state, new)
@@ -259,7 +255,7 @@ def main(argv: list) -> None:
         objs = read_objects(opt(args, "-f"))
         todo = [(lambda o=o: create(state, o)) if verb == "create"
                 else (lambda o=o: replace(state, o, sub)) for o in objs]
-    elif verb == "patch":
+    elif verb == "patch" and not sub:  # status is replaced, never patched
         if opt(args, "-f"):
             objs = read_objects(opt(args, "-f"))
             resource, names = KINDS[objs[0]["kind"]], [o["metadata"]["name"] for o in objs]
@@ -267,7 +263,7 @@ def main(argv: list) -> None:
             resource, *names = positional(args[1:])
         body = json.loads(opt(args, "-p"))
         todo = [(lambda n=n: patch(state, resource, n, opt(args, "-n"), opt(args, "--type"),
-                                   body, sub)) for n in names]
+                                   body)) for n in names]
     else:
         fail(f"fake kubectl: unsupported {argv}", 3)
     failed = False
