@@ -55,8 +55,6 @@ HOST_KUBECONFIG = "/etc/rancher/k3s/k3s.yaml"
 BENCH_DIR = "/root/cnpa-bench"  # inside the host: probe, naive script
 PERIOD = 3.0
 TAGS = {"reconcile.sh": "r", "naive": "n", "kopf": "k"}  # TeamSpace name prefixes
-# What cnpa-op.service runs: this repository's reconcile.sh, or another script (--reconcile).
-SCRIPTS = {"reconcile.sh": lambda args: Path(args.reconcile)}
 
 # The bench host's audit policy: every request of the admin user (kubectl, the benchmark, kopf),
 # writes of everyone else - the default policy's lines stay as they are.
@@ -75,6 +73,15 @@ rules:
 
 def log(msg: str) -> None:
     print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def script_info(path: Path) -> dict:
+    """Which script cnpa-op.service runs (installed by setup_host): path, sha256 prefix, commit."""
+    commit = subprocess.run(["git", "-C", str(ROOT), "log", "-1", "--format=%h %cI", "--", str(path)],
+                            capture_output=True, text=True, check=False)
+    return {"script": str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path),
+            "sha256": hashlib.sha256(path.read_bytes()).hexdigest()[:12],
+            "last_commit": commit.stdout.strip()}
 
 
 class Bench:
@@ -236,15 +243,6 @@ class Bench:
         if ctl == "kopf":
             self.start_kopf()
             return
-        if ctl in SCRIPTS:  # installed where the role puts reconcile.sh
-            path = SCRIPTS[ctl](self.args)
-            self.put("/root/cnpa-op/reconcile.sh", path.read_text(), "0755")
-            commit = subprocess.run(["git", "-C", str(ROOT), "log", "-1", "--format=%h %cI", "--",
-                                     str(path)], capture_output=True, text=True, check=False)
-            self.script_info = {"script": str(path.relative_to(ROOT)) if path.is_relative_to(ROOT)
-                                else str(path),
-                                "sha256": hashlib.sha256(path.read_bytes()).hexdigest()[:12],
-                                "last_commit": commit.stdout.strip()}
         self.sh(f"systemctl start {self.unit_name(ctl)}")
 
     def stop(self, ctl: str) -> None:
@@ -366,10 +364,9 @@ class Bench:
         prefix = f"{tag}{n}-"
         res: dict = {"controller": ctl, "n": n}
         log(f"{ctl} N={n}: start")
-        self.script_info: dict | None = None
+        if ctl == "reconcile.sh":
+            res["script"] = script_info(Path(self.args.reconcile))
         self.start(ctl)
-        if self.script_info:
-            res["script"] = self.script_info
         k0 = self.kopf_usage() if ctl == "kopf" else None
         t0 = time.monotonic()
         self.create_teamspaces(prefix, n)
