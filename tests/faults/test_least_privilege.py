@@ -36,7 +36,7 @@ def test_identity_holds_only_what_the_code_calls(lab):
                ("create", "resourcequotas", "-n", "team-alpha"),
                ("update", "resourcequotas", "-n", "team-alpha"), ("create", "events", "-n", "default")]
     denied = [("get", "secrets", "-A"), ("list", "secrets", "-n", "cnpa-system"),
-              ("delete", "namespaces"), ("delete", TS), ("create", TS), ("update", TS),
+              ("delete", "namespaces"), ("delete", TS), ("create", TS), ("update", TS), ("get", TS),
               ("patch", TS, status), ("patch", "resourcequotas", "-n", "team-alpha"),
               ("delete", "resourcequotas", "-n", "team-alpha"), ("create", "events", "-n", "kube-system"),
               ("create", "pods", "-n", "team-alpha"), ("get", "configmaps", "-n", "kube-system"),
