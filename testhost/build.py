@@ -1,148 +1,250 @@
-"""Build kube-apiserver and kube-controller-manager from Debian's kubernetes source, offline.
+"""Build the test host's control plane from Go modules: kube-apiserver, kube-controller-manager,
+kubectl and etcd of one Kubernetes release, cached by version.
 
-Debian bookworm ships the full upstream 1.20.2 tree (with vendor/) as source package
-kubernetes 1.20.5+really1.20.2. Its vendored reflect2 1.0.1 crashes binaries built with
-Go >= 1.18 the first time a custom resource is created, so it is replaced with Debian's
-reflect2 1.0.2 before building. The result is cached, keyed by the source version.
+`k8s.io/kubernetes` is served by the Go module proxy, but its go.mod points every staging module
+(`k8s.io/api`, `k8s.io/apiserver`, `k8s.io/client-go`, ...) at `./staging/...`, which a module
+download does not contain, and a dependency's replace directives are ignored anyway. So the build
+happens in a module of our own that requires `k8s.io/kubernetes vX.Y.Z` and replaces each staging
+module with its published `v0.Y.Z` (the usual way out-of-tree schedulers build against it). The
+release's generated sources (deepcopy, openapi) are committed upstream, so no code generation runs.
+etcd is the version that release pins in its build/dependencies.yaml, built from
+`go.etcd.io/etcd/server/v3` in a module of its own (its dependency graph is not Kubernetes').
+
+Cache (under cnpa-op's cache directory): kubernetes-<version>/bin/ holds the four binaries,
+kubernetes-<version>/build/ the two build modules and their logs, go/ the Go module download
+cache (GOMODCACHE, about 0.9 GB). Go's build cache is used only during the build and removed
+afterwards (about 2 GB); CNPA_KEEP_GO_BUILD_CACHE=1 keeps it.
 """
 
 from __future__ import annotations
 
 import fcntl
+import json
 import os
+import re
 import shutil
 import subprocess
-import tarfile
+import time
 from pathlib import Path
 
-from .common import HostError, apt_install, cache_dir, log, run
+from .common import HostError, cache_dir, log, run
 
-SOURCE_PACKAGE = "kubernetes"
-SOURCE_VERSION = "1.20.5+really1.20.2"
-BINARIES = ("kube-apiserver", "kube-controller-manager")
-SRC_LIST = Path("/etc/apt/sources.list.d/cnpa-op-deb-src.sources")
-BUILD_DEPS = ["golang-go", "rsync", "dpkg-dev", "make", "gcc", "libc6-dev"]
+# The minor that k3s's stable channel ships, at the newest patch the module proxy serves.
+DEFAULT_VERSION = "v1.36.5"
+KUBERNETES_BINARIES = ("kube-apiserver", "kube-controller-manager", "kubectl")
+BINARIES = (*KUBERNETES_BINARIES, "etcd")
+DOWNLOAD_TIMEOUT = 30 * 60
+BUILD_TIMEOUT = 75 * 60
+
+
+def version() -> str:
+    """The Kubernetes release of the test host: CNPA_KUBE_VERSION, else DEFAULT_VERSION."""
+    wanted = os.environ.get("CNPA_KUBE_VERSION") or DEFAULT_VERSION
+    if not re.fullmatch(r"v1\.\d+\.\d+", wanted):
+        raise HostError(f"CNPA_KUBE_VERSION={wanted!r}: expected a release such as {DEFAULT_VERSION}")
+    return wanted
+
+
+def release_dir() -> Path:
+    return cache_dir() / f"kubernetes-{version()}"
 
 
 def bin_dir() -> Path:
-    return cache_dir() / f"kubernetes-{SOURCE_VERSION}" / "bin"
+    return release_dir() / "bin"
 
 
 def built() -> bool:
     return all((bin_dir() / name).is_file() for name in BINARIES)
 
 
-def _ensure_deb_src() -> None:
-    if SRC_LIST.exists():
-        return
-    log(f"adding a bookworm deb-src entry ({SRC_LIST}) for apt-get source")
-    SRC_LIST.write_text(
-        "Types: deb-src\nURIs: http://deb.debian.org/debian\nSuites: bookworm\n"
-        "Components: main\nSigned-By: /usr/share/keyrings/debian-archive-keyring.gpg\n")
-    run(["apt-get", "update", "-qq"], step="apt-get update (deb-src)", quiet=True)
-
-
-def _fetch_source(work: Path) -> Path:
-    tarballs = sorted(work.glob(f"{SOURCE_PACKAGE}_{SOURCE_VERSION}.orig.tar.*"))
-    if not tarballs:
-        _ensure_deb_src()
-        log(f"fetching Debian source {SOURCE_PACKAGE}={SOURCE_VERSION}-* (about 34 MB)")
-        run(["apt-get", "source", "--download-only", "-qq", SOURCE_PACKAGE],
-            step="apt-get source kubernetes (is the bookworm deb-src entry reachable?)",
-            cwd=work, quiet=True)
-        tarballs = sorted(work.glob(f"{SOURCE_PACKAGE}_{SOURCE_VERSION}.orig.tar.*"))
-    if not tarballs:
-        have = ", ".join(p.name for p in work.iterdir())
-        raise HostError(f"no {SOURCE_PACKAGE}_{SOURCE_VERSION}.orig tarball after apt-get source "
-                        f"(got: {have}); Debian's bookworm source version may have changed")
-    return tarballs[0]
-
-
-def _extract(tarball: Path, work: Path) -> Path:
-    tree = work / "tree"
-    if (tree / "Makefile").exists():
-        return tree
-    log(f"extracting {tarball.name}")
-    staging = work / "tree.partial"
-    shutil.rmtree(staging, ignore_errors=True)
-    staging.mkdir()
-    with tarfile.open(tarball) as tf:
-        tf.extractall(staging, filter="tar") if hasattr(tarfile, "data_filter") else tf.extractall(staging)
-    (top,) = list(staging.iterdir())
-    top.rename(tree)
-    staging.rmdir()
-    return tree
-
-
-def _replace_reflect2(tree: Path, work: Path) -> None:
-    marker = tree / ".cnpa-reflect2-replaced"
-    if marker.exists():
-        return
-    log("replacing vendored modern-go/reflect2 1.0.1 with Debian's 1.0.2 (Go >= 1.18 crash fix)")
-    deb_dir = work / "reflect2-deb"
-    shutil.rmtree(deb_dir, ignore_errors=True)
-    deb_dir.mkdir()
-    run(["apt-get", "download", "-qq", "golang-github-modern-go-reflect2-dev"],
-        step="apt-get download golang-github-modern-go-reflect2-dev", cwd=deb_dir, quiet=True)
-    (deb,) = list(deb_dir.glob("*.deb"))
-    run(["dpkg-deb", "-x", str(deb), str(deb_dir / "x")], step="dpkg-deb -x reflect2", quiet=True)
-    src = deb_dir / "x/usr/share/gocode/src/github.com/modern-go/reflect2"
-    if not src.is_dir():
-        raise HostError(f"reflect2 sources not found in {deb.name} at {src}")
-    dest = tree / "vendor/github.com/modern-go/reflect2"
-    shutil.rmtree(dest)
-    shutil.copytree(src, dest, symlinks=True)
-    marker.write_text("golang-github-modern-go-reflect2-dev\n")
-
-
 def build(force: bool = False) -> Path:
     """Return the directory holding the binaries, building them if the cache lacks them."""
-    lock_path = cache_dir() / "build.lock"
-    with open(lock_path, "w") as lock:
-        if not built():
-            try:
-                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                log("another process is building the control plane; waiting for it")
-                fcntl.flock(lock, fcntl.LOCK_EX)
-        else:
+    release_dir().mkdir(parents=True, exist_ok=True)
+    with open(release_dir() / "build.lock", "w") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            log("another process is building this control plane; waiting for it")
             fcntl.flock(lock, fcntl.LOCK_EX)
-        return _build_locked(force)
+        if built() and not force:
+            log(f"control plane {version()} cached in {bin_dir()}")
+            return bin_dir()
+        return _build_locked()
 
 
-def _build_locked(force: bool) -> Path:
-    if built() and not force:
-        log(f"control plane cached in {bin_dir()}")
-        return bin_dir()
-    apt_install(BUILD_DEPS)
-    work = cache_dir() / f"kubernetes-{SOURCE_VERSION}" / "src"
+class _Go:
+    """The go command with the project's caches, run with progress lines and a log."""
+
+    def __init__(self) -> None:
+        go = shutil.which("go") or ("/usr/local/go/bin/go" if Path("/usr/local/go/bin/go").exists()
+                                    else None)
+        if go is None:
+            raise HostError("the go command is needed to build the control plane (Go >= 1.26, "
+                            "as this project's machines have in /usr/local/go); none on PATH")
+        self.go = go
+        self.gocache = cache_dir() / "go" / "build-cache"
+        self.env = {
+            "GOMODCACHE": str(cache_dir() / "go" / "mod"), "GOCACHE": str(self.gocache),
+            # -modcacherw: the module cache can be deleted with a plain rm -rf.
+            "GOFLAGS": "-mod=mod -modcacherw", "CGO_ENABLED": "0", "GOWORK": "off",
+            "GO111MODULE": "on", "GOPATH": str(cache_dir() / "go" / "path"),
+        }
+
+    def out(self, *args: str, cwd: Path, step: str) -> str:
+        return run([self.go, *args], step=step, cwd=cwd, env=self.env, quiet=True,
+                   timeout=DOWNLOAD_TIMEOUT)
+
+    def logged(self, *args: str, cwd: Path, step: str, logfile: Path, timeout: float,
+               progress) -> None:
+        run([self.go, *args], step=step, cwd=cwd, env=self.env, logfile=logfile, timeout=timeout,
+            progress=progress)
+
+
+def _build_locked() -> Path:
+    v = version()
+    go = _Go()
+    log(f"building the control plane {v} from Go modules with "
+        f"{go.out('version', cwd=cache_dir(), step='go version').strip()}; cold, this downloads "
+        "about 0.9 GB of modules and compiles for 15-25 min on 2 cores; cached afterwards")
+    work = release_dir() / "build"
     work.mkdir(parents=True, exist_ok=True)
-    tree = _extract(_fetch_source(work), work)
-    _replace_reflect2(tree, work)
-    go_env = {"GOPROXY": "off", "CGO_ENABLED": "0", "GOFLAGS": "", "GO111MODULE": "",
-              "KUBE_BUILD_PLATFORMS": "linux/amd64" if os.uname().machine == "x86_64" else "",
-              "HOME": str(work)}
-    go_env = {k: v for k, v in go_env.items() if v or k in ("GOFLAGS",)}
-    logfile = work / "build.log"
-    log(f"make generated_files (2-3 min; log: {logfile})")
-    run(["make", "generated_files"], step="make generated_files", cwd=tree, env=go_env,
-        logfile=logfile)
-    log("make kube-apiserver kube-controller-manager (12-15 min cold on 2 cores)")
-    run(["make", "WHAT=cmd/kube-apiserver cmd/kube-controller-manager"],
-        step="make kube-apiserver kube-controller-manager", cwd=tree, env=go_env, logfile=logfile)
+    stage = release_dir() / "bin.partial"
+    shutil.rmtree(stage, ignore_errors=True)
+    stage.mkdir()
+    t0 = time.monotonic()
+
+    k8s_mod = _fetch(go, "k8s.io/kubernetes", v, work)
+    staging = _staging_modules(Path(k8s_mod["GoMod"]).read_text())
+    minor = v.split(".")[1]
+    kube = _module(work / "kubernetes", "cnpa-op/testhost-kubernetes", k8s_mod["GoMod"],
+                   {"k8s.io/kubernetes": v},
+                   {m: f"v0.{minor}.{v.split('.')[2]}" for m in staging},
+                   [f"k8s.io/kubernetes/cmd/{b}" for b in KUBERNETES_BINARIES])
+    etcd_version = _etcd_version(Path(k8s_mod["Dir"]))
+    etcd = _module(work / "etcd", "cnpa-op/testhost-etcd", k8s_mod["GoMod"],
+                   {"go.etcd.io/etcd/server/v3": f"v{etcd_version}"}, {},
+                   ["go.etcd.io/etcd/server/v3"])
+    log(f"etcd v{etcd_version}: the version Kubernetes {v} pins (build/dependencies.yaml)")
+
+    for mod in (kube, etcd):
+        _download(go, mod)
+    ldflags = _version_ldflags(v, k8s_mod)
+    _compile(go, kube, [f"k8s.io/kubernetes/cmd/{b}" for b in KUBERNETES_BINARIES], ldflags, stage,
+             ", ".join(KUBERNETES_BINARIES))
+    _compile(go, etcd, ["go.etcd.io/etcd/server/v3"], "-s -w", stage, "etcd")
+    (stage / "server").rename(stage / "etcd")  # the etcd main package is the module root
+
+    _check_versions(stage, v, etcd_version)
     out = bin_dir()
-    out.mkdir(parents=True, exist_ok=True)
-    for name in BINARIES:
-        found = list((tree / "_output").glob(f"**/bin/{name}"))
-        if not found:
-            raise HostError(f"{name} not produced by the build; see {logfile}")
-        tmp = out / f".{name}.tmp"
-        shutil.copy2(found[0], tmp)
-        tmp.rename(out / name)
-    version = subprocess.run([str(out / "kube-apiserver"), "--version"], capture_output=True,
-                             text=True, check=False).stdout.strip()
-    log(f"built {version} into {out}")
-    if os.environ.get("CNPA_KEEP_BUILD_TREE") != "1":
-        # 2.5 GB of build output; only the binaries are needed again.
-        shutil.rmtree(tree / "_output", ignore_errors=True)
+    shutil.rmtree(out, ignore_errors=True)
+    stage.rename(out)
+    if os.environ.get("CNPA_KEEP_GO_BUILD_CACHE") != "1":
+        shutil.rmtree(go.gocache, ignore_errors=True)
+    log(f"built the control plane {v} (etcd v{etcd_version}) into {out} in "
+        f"{(time.monotonic() - t0) / 60:.1f} min")
     return out
+
+
+def _fetch(go: _Go, path: str, ver: str, work: Path) -> dict:
+    log(f"fetching {path}@{ver} from the Go module proxy")
+    text = go.out("mod", "download", "-json", f"{path}@{ver}", cwd=work,
+                  step=f"go mod download {path}@{ver} (is the Go module proxy reachable?)")
+    info = json.loads(text)
+    if info.get("Error"):
+        raise HostError(f"go mod download {path}@{ver}: {info['Error']}")
+    return info
+
+
+def _staging_modules(gomod: str) -> list[str]:
+    """The k8s.io modules that k8s.io/kubernetes replaces with its own ./staging tree."""
+    mods = re.findall(r"^\s*(k8s\.io/[\w.-]+)\s+=>\s+\./staging/", gomod, flags=re.M)
+    if not mods:
+        raise HostError("k8s.io/kubernetes's go.mod names no ./staging replacements; "
+                        "the build module does not know what to replace")
+    return mods
+
+
+def _etcd_version(k8s_dir: Path) -> str:
+    deps = (k8s_dir / "build" / "dependencies.yaml").read_text()
+    found = re.search(r'-\s+name:\s+"etcd"\s*\n\s+version:\s*([\d.]+)', deps)
+    if not found:
+        raise HostError(f"no etcd version in {k8s_dir}/build/dependencies.yaml")
+    return found.group(1)
+
+
+def _module(path: Path, name: str, k8s_gomod: str, requires: dict[str, str],
+            replaces: dict[str, str], packages: list[str]) -> Path:
+    """A build module: go.mod with our requirements and replacements, a file importing the
+    programs (so `go mod tidy` resolves their dependencies)."""
+    path.mkdir(parents=True, exist_ok=True)
+    godirective = re.search(r"^go\s+(\S+)", Path(k8s_gomod).read_text(), flags=re.M).group(1)
+    lines = [f"module {name}", "", f"go {godirective}", ""]
+    lines += [f"require {m} {v}" for m, v in requires.items()]
+    if replaces:
+        lines += ["", "replace ("] + [f"\t{m} => {m} {v}" for m, v in sorted(replaces.items())] + [")"]
+    gomod = "\n".join(lines) + "\n"
+    stamp = path / "go.mod.in"
+    if not stamp.exists() or stamp.read_text() != gomod:
+        stamp.write_text(gomod)
+        (path / "go.mod").write_text(gomod)
+        (path / "go.sum").unlink(missing_ok=True)
+    (path / "programs.go").write_text(
+        "//go:build tools\n\n// The programs this module builds; the tag keeps it out of builds.\n"
+        "package programs\n\nimport (\n" + "".join(f'\t_ "{p}"\n' for p in packages) + ")\n")
+    return path
+
+
+def _download(go: _Go, mod: Path) -> None:
+    modcache = Path(go.env["GOMODCACHE"]) / "cache" / "download"
+    log(f"resolving and downloading the modules of {mod.name} (go mod tidy; log: {mod / 'tidy.log'})")
+    go.logged("mod", "tidy", cwd=mod, step=f"go mod tidy in {mod}", logfile=mod / "tidy.log",
+              timeout=DOWNLOAD_TIMEOUT,
+              progress=lambda: f"module cache {_size_mb(modcache)} MB")
+
+
+def _compile(go: _Go, mod: Path, packages: list[str], ldflags: str, out: Path,
+             names: str) -> None:
+    total = len(go.out("list", "-deps", *packages, cwd=mod, step=f"go list -deps in {mod}").split())
+    logfile = mod / "build.log"
+    logfile.unlink(missing_ok=True)
+    log(f"compiling {names}: {total} packages (log: {logfile})")
+
+    def progress() -> str:
+        done = len(logfile.read_text(errors="replace").splitlines()) if logfile.exists() else 0
+        return f"compiling {names}: {done} of {total} packages compiled (rest cached or pending)"
+
+    go.logged("build", "-v", "-trimpath", "-ldflags", ldflags, "-o", f"{out}/", *packages,
+              cwd=mod, step=f"go build {names}", logfile=logfile, timeout=BUILD_TIMEOUT,
+              progress=progress)
+
+
+def _version_ldflags(v: str, k8s_mod: dict) -> str:
+    """What Kubernetes' own build stamps in (hack/lib/version.sh), so `kubectl version` and
+    /version report the release rather than v0.0.0-master."""
+    info = json.loads(Path(k8s_mod["Info"]).read_text())
+    major, minor = v[1:].split(".")[:2]
+    values = {"gitVersion": v, "gitMajor": major, "gitMinor": minor, "gitTreeState": "clean",
+              "buildDate": info.get("Time", "1970-01-01T00:00:00Z").replace("+00:00", "Z")}
+    flags = ["-s", "-w"]
+    for pkg in ("k8s.io/client-go/pkg/version", "k8s.io/component-base/version"):
+        flags += [f"-X {pkg}.{key}={value}" for key, value in values.items()]
+    return " ".join(flags)
+
+
+def _check_versions(stage: Path, v: str, etcd_version: str) -> None:
+    checks = {"kube-apiserver": (["--version"], f"Kubernetes {v}"),
+              "kube-controller-manager": (["--version"], f"Kubernetes {v}"),
+              "kubectl": (["version", "--client"], f"Client Version: {v}"),
+              "etcd": (["--version"], f"etcd Version: {etcd_version}")}
+    for name, (args, expected) in checks.items():
+        proc = subprocess.run([str(stage / name), *args], capture_output=True, text=True,
+                              timeout=60, check=False)
+        if expected not in proc.stdout:
+            raise HostError(f"{stage / name} {' '.join(args)} printed {proc.stdout.strip()!r} "
+                            f"{proc.stderr.strip()!r}; expected {expected!r}")
+
+
+def _size_mb(path: Path) -> int:
+    if not path.exists():
+        return 0
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file()) // 2**20

@@ -7,9 +7,12 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 _T0 = time.monotonic()
+# A long step logs a line at least this often (elapsed time and what it is doing).
+PROGRESS_SECONDS = 30
 
 
 class HostError(RuntimeError):
@@ -28,13 +31,31 @@ def log(msg: str) -> None:
 
 
 def run(cmd: list[str], *, step: str, cwd: Path | None = None, env: dict | None = None,
-        quiet: bool = False, logfile: Path | None = None, timeout: float | None = None) -> str:
-    """Run cmd; on failure raise HostError naming the step (and the log file if any)."""
+        quiet: bool = False, logfile: Path | None = None, timeout: float | None = None,
+        progress: Callable[[], str] | None = None) -> str:
+    """Run cmd; on failure raise HostError naming the step (and the log file if any).
+
+    With a logfile, output goes there and a progress line (elapsed time, the step, and what
+    progress() says) is logged every PROGRESS_SECONDS, so long builds are never silent."""
     full_env = dict(os.environ, **(env or {}))
     if logfile is not None:
+        t0 = time.monotonic()
         with open(logfile, "ab") as fh:
-            proc = subprocess.run(cmd, cwd=cwd, env=full_env, stdout=fh, stderr=subprocess.STDOUT,
-                                  stdin=subprocess.DEVNULL, timeout=timeout, check=False)
+            proc = subprocess.Popen(cmd, cwd=cwd, env=full_env, stdout=fh,
+                                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+            while True:
+                try:
+                    proc.wait(timeout=PROGRESS_SECONDS)
+                    break
+                except subprocess.TimeoutExpired:
+                    elapsed = time.monotonic() - t0
+                    if timeout is not None and elapsed > timeout:
+                        proc.kill()
+                        proc.wait()
+                        raise HostError(f"{step} did not finish within {timeout / 60:.0f} min; "
+                                        f"its log: {logfile}") from None
+                    detail = f": {progress()}" if progress else ""
+                    log(f"{step}: {int(elapsed) // 60}m{int(elapsed) % 60:02d}s{detail}")
         if proc.returncode != 0:
             tail = Path(logfile).read_text(errors="replace").splitlines()[-25:]
             raise HostError(f"{step} failed (exit {proc.returncode}); last lines of {logfile}:\n"

@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from . import build, rootfs
-from .common import HostError, cache_dir, log, run
+from .common import HostError, apt_install, cache_dir, log, run
 
 PORT_NAMES = ("ssh", "apiserver", "etcd_client", "etcd_peer", "kcm")
 CGROUP_ROOTS = (Path("/sys/fs/cgroup/unified"), Path("/sys/fs/cgroup/systemd"))
@@ -245,6 +245,7 @@ def create(name: str, wait: bool = True) -> Instance:
     inst = Instance(name=name)
     if inst.dir.exists():
         raise HostError(f"test host {name} already exists at {inst.dir}; destroy it first")
+    apt_install(["systemd-container", "openssh-client"])  # systemd-nspawn, ssh-keygen
     bins = build.build()
     tarball = rootfs.ensure()
     t0 = time.monotonic()

@@ -1,6 +1,7 @@
-"""A cached Debian trixie rootfs for the test host: systemd, sshd, etcd, kubectl, jq, python3.
+"""A cached Debian trixie rootfs for the test host: systemd, sshd, jq, python3.
 
-trixie because its kubectl (1.32) has --subresource and its etcd-server is 3.5. The tree is
+kubectl and etcd are not Debian's: each instance gets the ones built with its control plane
+(build.py), so kubectl inside the host is the server's version, as k3s bundles its own. The tree is
 debootstrapped once, given the host's unit files (see files/), and stored as a tarball keyed by
 a hash of everything that went into it, so editing files/ or the package list rebuilds it.
 """
@@ -17,8 +18,8 @@ from .common import HostError, apt_install, cache_dir, log, run
 SUITE = "trixie"
 MIRROR = "http://deb.debian.org/debian"
 PACKAGES = [
-    "systemd", "systemd-sysv", "dbus", "openssh-server", "python3", "kubectl", "jq",
-    "etcd-server", "openssl", "ca-certificates", "iproute2", "procps", "curl", "less",
+    "systemd", "systemd-sysv", "dbus", "openssh-server", "python3", "jq", "openssl",
+    "ca-certificates", "iproute2", "procps", "curl", "less",
 ]
 FILES = Path(__file__).with_name("files")
 
@@ -79,7 +80,6 @@ def _customise(tree: Path) -> None:
     # Host keys are per instance (made at create time); the ones debootstrap made are shared.
     for key in (tree / "etc/ssh").glob("ssh_host_*"):
         key.unlink()
-    # Debian's etcd.service would start on 2379 in the shared network namespace; ours replaces it.
     wants = tree / "etc/systemd/system/multi-user.target.wants"
     wants.mkdir(parents=True, exist_ok=True)
     for unit in ("etcd.service", "kube-apiserver.service", "kube-controller-manager.service"):

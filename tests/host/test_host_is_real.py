@@ -12,6 +12,8 @@ import uuid
 
 from hostlib import ROOT, wait_for
 
+from testhost import build
+
 GROUP = "hosttest.cnpa.io"
 
 
@@ -55,7 +57,8 @@ def test_status_through_main_endpoint_is_dropped(host):
     out = host.kubectl("patch", "gadget", name, "--type=merge",
                        "-p", '{"status":{"observedGeneration":7}}').stdout
     after = host.get("gadget", name)
-    assert "patched" in out  # 1.20 prints `patched` the first time, `(no change)` after
+    # The server drops the status and kubectl says so: nothing was written.
+    assert out.strip() == f"gadget.{GROUP}/{name} patched (no change)"
     assert after.get("status") is None
     assert after["metadata"]["generation"] == before["metadata"]["generation"]
     # The status subresource is the way in.
@@ -91,11 +94,13 @@ def test_garbage_collector_deletes_owned_namespace(host):
 
 def test_finalizer_holds_deletion(host):
     name = _name("fin")
-    _gadget(host, name, finalizers=["example.io/hold"])
+    created = _gadget(host, name, finalizers=["example.io/hold"])
     host.kubectl("delete", "gadget", name, "--wait=false")
     held = host.get("gadget", name)
     assert held["metadata"]["deletionTimestamp"]
     assert held["metadata"]["finalizers"] == ["example.io/hold"]
+    # Setting deletionTimestamp is a change a controller must act on: generation moves too.
+    assert held["metadata"]["generation"] == created["metadata"]["generation"] + 1
     host.kubectl("patch", "gadget", name, "--type=json",
                  "-p", '[{"op":"remove","path":"/metadata/finalizers/0"}]')
     wait_for(lambda: not host.exists("gadget", name), timeout=30, what=f"{name} to go")
@@ -176,3 +181,88 @@ def test_strict_tls_clients_accept_the_certificates(host):
         f"url = 'https://127.0.0.1:{host.inst.ports['apiserver']}/api/v1/namespaces/default'\n"
         "print(json.load(urllib.request.urlopen(url, context=ctx))['metadata']['name'])\n")
     assert host.inst.exec(["python3", "-c", script]).stdout.strip() == "default"
+
+
+def test_client_and_server_are_the_built_release(host):
+    # As on k3s, the kubectl inside the host is the server's own version.
+    versions = json.loads(host.kubectl("version", "-o", "json").stdout)
+    assert versions["clientVersion"]["gitVersion"] == build.version()
+    assert versions["serverVersion"]["gitVersion"] == build.version()
+
+
+def test_validating_admission_policy_denies(host):
+    name = _name("vap")
+    label = f"hosttest-{name}"
+    host.apply({
+        "apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicy",
+        "metadata": {"name": name},
+        "spec": {"failurePolicy": "Fail",
+                 "matchConstraints": {"resourceRules": [{
+                     "apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"],
+                     "resources": ["configmaps"]}]},
+                 "validations": [{"expression": "object.metadata.name.startsWith('allowed-')",
+                                  "message": f"{name}: only allowed-* names"}]}})
+    host.apply({
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingAdmissionPolicyBinding", "metadata": {"name": name},
+        "spec": {"policyName": name, "validationActions": ["Deny"],
+                 "matchResources": {"namespaceSelector": {"matchLabels": {"hosttest": label}}}}})
+    ns = f"ns-{name}"
+    host.kubectl("create", "namespace", ns)
+    host.kubectl("label", "namespace", ns, f"hosttest={label}")
+
+    def denied():
+        # The policy takes effect once the API server has compiled it (about a second).
+        proc = host.kubectl("create", "configmap", f"denied-{name}", "-n", ns, check=False)
+        if proc.returncode == 0:
+            host.kubectl("delete", "configmap", f"denied-{name}", "-n", ns)
+            return None
+        return proc.stderr
+
+    message = wait_for(denied, timeout=30, interval=0.5, what="the policy to deny a create")
+    assert f"{name}: only allowed-* names" in message
+    assert "ValidatingAdmissionPolicy" in message
+    host.kubectl("create", "configmap", f"allowed-{name}", "-n", ns)
+    host.kubectl("delete", "namespace", ns, "--wait=false")
+    host.kubectl("delete", "validatingadmissionpolicybinding,validatingadmissionpolicy", name)
+
+
+def test_crd_validation_rules_in_cel(host):
+    _crd(host)
+    name = f"celgadgets.{GROUP}"
+    if not host.exists("crd", name):
+        host.apply({
+            "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+            "metadata": {"name": name},
+            "spec": {"group": GROUP, "scope": "Cluster",
+                     "names": {"kind": "CelGadget", "plural": "celgadgets"},
+                     "versions": [{"name": "v1", "served": True, "storage": True, "schema": {
+                         "openAPIV3Schema": {"type": "object", "properties": {"spec": {
+                             "type": "object", "properties": {"cpu": {"type": "string"}},
+                             "x-kubernetes-validations": [{
+                                 "rule": "isQuantity(self.cpu) && "
+                                         "quantity(self.cpu).isLessThan(quantity('2'))",
+                                 "message": "cpu must be a quantity below 2"}]}}}}}]}})
+        host.kubectl("wait", "--for=condition=Established", f"crd/{name}", "--timeout=30s")
+    ok, bad = _name("cel"), _name("cel")
+    host.apply({"apiVersion": f"{GROUP}/v1", "kind": "CelGadget", "metadata": {"name": ok},
+                "spec": {"cpu": "1500m"}})
+    proc = host.kubectl("apply", "-f", "-", check=False, input_text=json.dumps({
+        "apiVersion": f"{GROUP}/v1", "kind": "CelGadget", "metadata": {"name": bad},
+        "spec": {"cpu": "3"}}))
+    assert proc.returncode != 0
+    assert "cpu must be a quantity below 2" in proc.stderr
+
+
+def test_service_account_tokens_are_issued(host):
+    # TokenRequest (what `kubectl create token` calls) and a token the API server accepts.
+    sa = _name("sa")
+    host.kubectl("create", "serviceaccount", sa)
+    token = host.kubectl("create", "token", sa, "--duration=10m").stdout.strip()
+    assert token.count(".") == 2
+    # Only the token: the admin kubeconfig's client certificate would authenticate first.
+    who = json.loads(host.kubectl(
+        "--kubeconfig=/dev/null", f"--server=https://127.0.0.1:{host.inst.ports['apiserver']}",
+        "--certificate-authority=/etc/kubernetes/pki/ca.crt", f"--token={token}",
+        "auth", "whoami", "-o", "json").stdout)
+    assert who["status"]["userInfo"]["username"] == f"system:serviceaccount:default:{sa}"
