@@ -116,6 +116,11 @@ class Bench:
 
     def setup_host(self) -> None:
         assert self.inst is not None
+        versions = json.loads(self.sh("kubectl version -o json").stdout)
+        etcd = self.sh("etcd --version | head -1").stdout.split(":")[-1].strip()
+        self.results["server"] = {"kubernetes": versions["serverVersion"]["gitVersion"],
+                                  "kubectl": versions["clientVersion"]["gitVersion"], "etcd": etcd}
+        log(f"server: {self.results['server']}")
         log("audit policy: reads of the admin user too; restarting kube-apiserver")
         self.put("/etc/kubernetes/audit-policy.yaml", AUDIT_POLICY)
         self.sh("systemctl restart kube-apiserver")
