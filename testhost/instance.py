@@ -134,7 +134,7 @@ class Instance:
                 raise HostError(f"systemd-nspawn exited {proc.returncode}; see {self.dir}/console.log")
             if time.monotonic() > deadline:
                 raise HostError(f"container PID 1 did not appear within {BOOT_TIMEOUT:.0f} s")
-            self.pid1 = _first_child(proc.pid)
+            self.pid1 = _container_init(proc.pid)
             time.sleep(0.05)
         self.save()
         while True:
@@ -349,12 +349,25 @@ def _free_ports(count: int) -> dict[str, int]:
     return dict(zip(PORT_NAMES, ports))
 
 
-def _first_child(pid: int) -> int:
+def _container_init(pid: int) -> int:
+    """The container's PID 1 among nspawn's children: the one that is PID 1 in its own PID
+    namespace. nspawn first forks an "outer child" that exits once it has started the real
+    one (observed: it is listed about 10 ms before PID 1); taking it for PID 1 made a create
+    fail with the container running and unknown."""
     try:
         children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
     except OSError:
         return 0
-    return int(children[0]) if children else 0
+    for child in children:
+        try:
+            status = Path(f"/proc/{child}/status").read_text()
+        except OSError:
+            continue
+        nspid = next((line.split()[1:] for line in status.splitlines()
+                      if line.startswith("NSpid:")), [])
+        if len(nspid) > 1 and nspid[-1] == "1":
+            return int(child)
+    return 0
 
 
 def _alive(pid: int) -> bool:

@@ -3,6 +3,7 @@ has a limit) and ends by asserting the end state; what it measured goes to `repo
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -21,9 +22,16 @@ def no_half_made_objects(lab) -> None:
     """Every managed namespace belongs to a live TeamSpace (or is on its way out), holds exactly
     the one quota, and no temporary archive file is left behind."""
     live = {t["metadata"]["name"]: t["metadata"]["uid"] for t in lab.get(TS)["items"]}
-    for ns in lab.get("namespaces", "-l", LABEL)["items"]:
-        if ns["metadata"].get("deletionTimestamp"):
-            continue
+
+    def standing() -> list[dict]:
+        return [ns for ns in lab.get("namespaces", "-l", LABEL)["items"]
+                if not ns["metadata"].get("deletionTimestamp")]
+
+    # The garbage collector marks a gone TeamSpace's namespace a moment after the TeamSpace goes.
+    with contextlib.suppress(AssertionError):
+        wait_for(lambda: all(ns["metadata"]["labels"][LABEL] in live for ns in standing()),
+                 timeout=30, interval=0.5, what="the garbage collector")
+    for ns in standing():
         owner = ns["metadata"]["labels"][LABEL]
         assert owner in live, f"{ns['metadata']['name']} has no TeamSpace"
         refs = [r["uid"] for r in ns["metadata"]["ownerReferences"] if r.get("controller")]
