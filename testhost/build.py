@@ -114,25 +114,24 @@ def _build_locked() -> Path:
     t0 = time.monotonic()
 
     k8s_mod = _fetch(go, "k8s.io/kubernetes", v, work)
-    staging = _staging_modules(Path(k8s_mod["GoMod"]).read_text())
-    minor = v.split(".")[1]
+    # Staging modules are published as v0.<minor>.<patch> of the release: v1.36.5 -> v0.36.5.
+    staging_version = "v0." + v.removeprefix("v1.")
+    programs = [f"k8s.io/kubernetes/cmd/{b}" for b in KUBERNETES_BINARIES]
     kube = _module(work / "kubernetes", "cnpa-op/testhost-kubernetes", k8s_mod["GoMod"],
                    {"k8s.io/kubernetes": v},
-                   {m: f"v0.{minor}.{v.split('.')[2]}" for m in staging},
-                   [f"k8s.io/kubernetes/cmd/{b}" for b in KUBERNETES_BINARIES])
+                   dict.fromkeys(_staging_modules(Path(k8s_mod["GoMod"]).read_text()),
+                                 staging_version), programs)
     etcd_version = _etcd_version(Path(k8s_mod["Dir"]))
+    etcd_program = "go.etcd.io/etcd/server/v3"  # the etcd main package is the module root
     etcd = _module(work / "etcd", "cnpa-op/testhost-etcd", k8s_mod["GoMod"],
-                   {"go.etcd.io/etcd/server/v3": f"v{etcd_version}"}, {},
-                   ["go.etcd.io/etcd/server/v3"])
+                   {etcd_program: f"v{etcd_version}"}, {}, [etcd_program])
     log(f"etcd v{etcd_version}: the version Kubernetes {v} pins (build/dependencies.yaml)")
 
     for mod in (kube, etcd):
         _download(go, mod)
-    ldflags = _version_ldflags(v, k8s_mod)
-    _compile(go, kube, [f"k8s.io/kubernetes/cmd/{b}" for b in KUBERNETES_BINARIES], ldflags, stage,
-             ", ".join(KUBERNETES_BINARIES))
-    _compile(go, etcd, ["go.etcd.io/etcd/server/v3"], "-s -w", stage, "etcd")
-    (stage / "server").rename(stage / "etcd")  # the etcd main package is the module root
+    _compile(go, kube, programs, _version_ldflags(v, k8s_mod), stage, ", ".join(KUBERNETES_BINARIES))
+    _compile(go, etcd, [etcd_program], "-s -w", stage, "etcd")
+    (stage / "server").rename(stage / "etcd")  # go names it after the path before /v3
 
     _check_versions(stage, v, etcd_version)
     out = bin_dir()
