@@ -123,7 +123,7 @@ def lab(destroy: bool, extra: list[str]) -> int:
         if info.returncode == 0:
             sh([py, "-m", "testhost", "destroy", LAB_HOST])
         say(f"creating local test host {LAB_HOST!r} (the first time it builds the control plane "
-            "from Go modules: about 12 min on 2 cores, progress every 30 s)")
+            "from Go modules: about 11 min on 2 cores, progress every 30 s)")
         if sh([py, "-m", "testhost", "create", LAB_HOST], stdout=subprocess.DEVNULL) != 0:
             return 1
     inventory = json.loads(subprocess.run([py, "-m", "testhost", "info", LAB_HOST], cwd=ROOT,

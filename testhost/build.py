@@ -105,7 +105,7 @@ def _build_locked() -> Path:
     go = _Go()
     log(f"building the control plane {v} from Go modules with "
         f"{go.out('version', cwd=cache_dir(), step='go version').strip()}; cold, this downloads "
-        "about 0.9 GB of modules and compiles for 15-25 min on 2 cores; cached afterwards")
+        "about 1 GB of modules and compiles for about 9 min on 2 cores; cached afterwards")
     work = release_dir() / "build"
     work.mkdir(parents=True, exist_ok=True)
     stage = release_dir() / "bin.partial"
