@@ -1,0 +1,425 @@
+#!/usr/bin/env python3
+"""What the TeamSpace controller writes, as a pure function of what it has read.
+
+`plan(teamspace, namespace, quota, now)` looks at one TeamSpace, the namespace `team-<name>` and
+the quota `team-quota` in it as the API server returned them (None when absent), and returns the
+writes that bring them to the desired state, in the order they must happen. It reads nothing,
+writes nothing and keeps no state: the same inputs always give the same plan, and a converged
+TeamSpace gives an empty one. reconcile.sh runs it for every TeamSpace of a pass
+(`python3 cnpa_plan.py plan TEAMSPACES NAMESPACES QUOTAS`); a long-running controller can import
+it and run it for one TeamSpace at a time.
+
+A planned write is a dict with named fields (see `Write`): the step it belongs to, the object it
+targets, the request (verb, patch type, body) and what to say once it went through. Problems that
+no write can fix are `problem` entries: the executor logs them and records a Warning Event, and
+the TeamSpace's status says Ready False with the same reason and message.
+
+Python 3.9+, standard library only (the lab VM's python3; the `kubernetes` client is not needed).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from fractions import Fraction
+from typing import Any
+
+GROUP = "platform.labhub.io"
+API_VERSION = f"{GROUP}/v1alpha1"
+FINALIZER = f"{GROUP}/cleanup"
+LABEL = f"{GROUP}/teamspace"
+QUOTA = "team-quota"
+DEFAULT_CPU = "1"
+# The CRD bounds spec.cpu to this length; the controller holds to it too, so that a server
+# without that bound cannot feed it a value it would spend a pass parsing or printing.
+MAX_CPU_LENGTH = 64
+
+# The order in which writes happen within a pass. A TeamSpace whose write fails is left out of
+# the later steps, so its status never claims what is not in place.
+STEPS = ("problem", "finalizer", "archive", "release", "namespace", "quota", "status")
+
+# Event reasons: Warning unless noted.
+INVALID_NAME = "InvalidName"
+INVALID_CPU = "InvalidCPU"
+INVALID_PODS = "InvalidPods"
+NAMESPACE_TERMINATING = "NamespaceTerminating"
+NAMESPACE_NOT_OURS = "NamespaceNotOurs"
+NAMESPACE_OWNED_BY_OTHER = "NamespaceOwnedByOther"
+QUOTA_SCOPED = "QuotaScoped"
+ARCHIVE_FAILED = "ArchiveFailed"
+QUOTA_REVERTED = "QuotaReverted"  # Normal: an edit of the quota was set back
+RECONCILED = "Reconciled"  # the Ready condition's reason when it is True
+
+_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
+# The Kubernetes quantity grammar (k8s.io/apimachinery/pkg/api/resource):
+# <sign><digits>[.<digits>] followed by a binary-SI suffix, a decimal-SI suffix or an exponent.
+_QUANTITY = re.compile(r"([+-]?)([0-9]+(?:\.[0-9]*)?|\.[0-9]+)"
+                       r"(?:(Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE])|[eE]([+-]?[0-9]+))?")
+_SUFFIX = {"": Fraction(1), "n": Fraction(1, 10**9), "u": Fraction(1, 10**6),
+           "m": Fraction(1, 1000), "k": Fraction(10**3), "M": Fraction(10**6),
+           "G": Fraction(10**9), "T": Fraction(10**12), "P": Fraction(10**15),
+           "E": Fraction(10**18), "Ki": Fraction(2**10), "Mi": Fraction(2**20),
+           "Gi": Fraction(2**30), "Ti": Fraction(2**40), "Pi": Fraction(2**50),
+           "Ei": Fraction(2**60)}
+# Exponents beyond this are out of any range the API server stores.
+_MAX_EXPONENT = 100
+
+Write = dict  # step, op, teamspace, uid, key, verb, patch_type, subresource, object, patch,
+#               record, event, says; see _write()
+
+
+def quantity(text: Any) -> Fraction | None:
+    """The exact value of a Kubernetes quantity string, or None when it is not one."""
+    if isinstance(text, bool) or not isinstance(text, (str, int)):
+        return None
+    text = str(text)
+    if len(text) > MAX_CPU_LENGTH:
+        return None
+    m = _QUANTITY.fullmatch(text)
+    if m is None:
+        return None
+    sign, number, suffix, exponent = m.groups()
+    value = Fraction(number if not number.endswith(".") else number[:-1])
+    if exponent is not None:
+        if abs(int(exponent)) > _MAX_EXPONENT:
+            return None
+        value *= Fraction(10) ** int(exponent)
+    else:
+        value *= _SUFFIX[suffix or ""]
+    return -value if sign == "-" else value
+
+
+def _same_quantity(a: Any, b: Any) -> bool:
+    qa, qb = quantity(a), quantity(b)
+    return qa is not None and qa == qb
+
+
+def _short(value: Any) -> str:
+    """A value for a message: quoted, at most 64 characters of it."""
+    text = json.dumps(value)
+    return text if len(text) <= 66 else f"{text[:64]}... ({len(text)} characters)"
+
+
+def owner_reference(teamspace: dict) -> dict:
+    return {"apiVersion": API_VERSION, "kind": "TeamSpace", "name": teamspace["metadata"]["name"],
+            "uid": teamspace["metadata"]["uid"], "controller": True, "blockOwnerDeletion": True}
+
+
+def desired_hard(teamspace: dict) -> dict:
+    spec = teamspace.get("spec") or {}
+    return {"pods": str(spec.get("pods")), "requests.cpu": spec.get("cpu", DEFAULT_CPU)}
+
+
+def _write(teamspace: dict, step: str, op: str, says: str, *, key: str = "", verb: str = "",
+           patch_type: str = "", subresource: str = "", obj: dict | None = None,
+           patch: Any = None, record: dict | None = None,
+           event: dict | None = None) -> Write:
+    meta = teamspace["metadata"]
+    return {"step": step, "op": op, "teamspace": meta["name"], "uid": meta.get("uid", ""),
+            "key": key, "verb": verb, "patch_type": patch_type, "subresource": subresource,
+            "object": obj, "patch": patch, "record": record, "event": event, "says": says}
+
+
+def _ref(kind: str, name: str, namespace: str = "", api_version: str = "v1") -> dict:
+    meta = {"name": name}
+    if namespace:
+        meta["namespace"] = namespace
+    return {"apiVersion": api_version, "kind": kind, "metadata": meta}
+
+
+def object_key(obj: dict) -> str:
+    """How the executor matches an object kubectl returns to the write that sent it."""
+    meta = obj.get("metadata") or {}
+    parts = [obj.get("kind", ""), meta.get("namespace", ""), meta.get("name", "")]
+    return "/".join(p for p in parts if p)
+
+
+def _finalizer_writes(teamspace: dict) -> list:
+    name = teamspace["metadata"]["name"]
+    ts_key = f"TeamSpace/{name}"
+    target = _ref("TeamSpace", name, api_version=API_VERSION)
+    finalizers = teamspace["metadata"].get("finalizers")
+    ours = [i for i, f in enumerate(finalizers or []) if f == FINALIZER]
+    if len(ours) > 1:
+        # Ours twice (an old version's passes raced): drop the last copy. A test op guards the
+        # index, so a list changed meanwhile makes the patch fail instead of removing another.
+        i = ours[-1]
+        return [_write(teamspace, "finalizer", "dedup", "duplicate finalizer removed",
+                       key=ts_key, verb="patch", patch_type="json", obj=target,
+                       patch=[{"op": "test", "path": f"/metadata/finalizers/{i}", "value": FINALIZER},
+                              {"op": "remove", "path": f"/metadata/finalizers/{i}"}])]
+    if ours:
+        return []
+    if finalizers is None:
+        # No list yet: create it only if there still is none (a test of null passes only for a
+        # missing list), so that a list another client adds meanwhile is never replaced.
+        patch = [{"op": "test", "path": "/metadata/finalizers", "value": None},
+                 {"op": "add", "path": "/metadata/finalizers", "value": [FINALIZER]}]
+    else:
+        # Append, unguarded: the server appends to the list as it is when the patch arrives.
+        patch = [{"op": "add", "path": "/metadata/finalizers/-", "value": FINALIZER}]
+    return [_write(teamspace, "finalizer", "add", "finalizer added", key=ts_key, verb="patch",
+                   patch_type="json", obj=target, patch=patch)]
+
+
+def _deletion_writes(teamspace: dict) -> list:
+    """Archive every deleting TeamSpace (ours or not any more), then release our finalizer."""
+    meta = teamspace["metadata"]
+    name = meta["name"]
+    record = {"name": name, "uid": meta.get("uid", ""), "pods": (teamspace.get("spec") or {}).get("pods")}
+    writes = [_write(teamspace, "archive", "write", "archived", key=f"archive/{name}",
+                     record=record)]
+    ours = [i for i, f in enumerate(meta.get("finalizers") or []) if f == FINALIZER]
+    if ours:
+        i = ours[0]
+        writes.append(_write(
+            teamspace, "release", "remove", "finalizer released", key=f"TeamSpace/{name}",
+            verb="patch", patch_type="json", obj=_ref("TeamSpace", name, api_version=API_VERSION),
+            patch=[{"op": "test", "path": f"/metadata/finalizers/{i}", "value": FINALIZER},
+                   {"op": "remove", "path": f"/metadata/finalizers/{i}"}]))
+    return writes
+
+
+def _problem(teamspace: dict, namespace: dict | None, quota: dict | None) -> tuple | None:
+    """(reason, message) of what no write can fix, or None."""
+    name = teamspace["metadata"]["name"]
+    ns_name = f"team-{name}"
+    spec = teamspace.get("spec") or {}
+    pods = spec.get("pods")
+    if isinstance(pods, bool) or not isinstance(pods, int) or pods < 0:
+        return INVALID_PODS, f"spec.pods {_short(pods)} is not a whole number of pods"
+    if len(ns_name) > 63 or not _DNS_LABEL.fullmatch(ns_name):
+        return INVALID_NAME, (f"namespace name {_short(ns_name)} is not a valid DNS label (lowercase "
+                              "letters, digits, '-'; at most 63); rename the TeamSpace")
+    cpu = spec.get("cpu", DEFAULT_CPU)
+    value = quantity(cpu)
+    if value is None or value < 0:
+        return INVALID_CPU, (f"spec.cpu {_short(cpu)} is not a non-negative quantity of at most "
+                             f"{MAX_CPU_LENGTH} characters (e.g. \"1\", \"500m\", \"0.5\")")
+    if namespace is None:
+        return None
+    ns_meta = namespace["metadata"]
+    if ns_meta.get("deletionTimestamp"):
+        return NAMESPACE_TERMINATING, f"namespace {ns_name} is terminating; waiting for it to go"
+    label = (ns_meta.get("labels") or {}).get(LABEL)
+    if label != name:
+        return NAMESPACE_NOT_OURS, (f"namespace {ns_name} is labelled for TeamSpace {_short(label)}, "
+                                    "not adopting it")
+    if not namespace_is_ours(teamspace, namespace):
+        others = [r for r in ns_meta.get("ownerReferences") or [] if r.get("controller")]
+        if others:
+            o = others[0]
+            return NAMESPACE_OWNED_BY_OTHER, (
+                f"namespace {ns_name} is controlled by {o.get('kind')}/{o.get('name')} uid "
+                f"{o.get('uid')}, not this TeamSpace; waiting for the garbage collector")
+        return NAMESPACE_NOT_OURS, (
+            f"namespace {ns_name} was not created for this TeamSpace "
+            f"(uid {teamspace['metadata'].get('uid')}): "
+            "it carries our label but not our ownerReference (made by someone else, or left by an "
+            "earlier TeamSpace deleted with --cascade=orphan); not adopting it - delete or rename it")
+    if quota is not None and ((quota.get("spec") or {}).get("scopes")
+                              or (quota.get("spec") or {}).get("scopeSelector")):
+        scopes = {k: v for k, v in quota["spec"].items() if k in ("scopes", "scopeSelector") and v}
+        return QUOTA_SCOPED, (f"quota {QUOTA} in {ns_name} has scopes {json.dumps(scopes, sort_keys=True)}, "
+                              "which cannot be changed; delete it and it is recreated")
+    return None
+
+
+def namespace_is_ours(teamspace: dict, namespace: dict) -> bool:
+    """Created by the controller for this TeamSpace: its uid is the one recorded in status, or
+    it is controlled by this TeamSpace's uid (created in a pass that ended before the status
+    write). A label alone proves nothing: anyone who may create namespaces can set it."""
+    uid = teamspace["metadata"].get("uid")
+    recorded = (teamspace.get("status") or {}).get("namespaceUID")
+    if recorded and recorded == namespace["metadata"].get("uid"):
+        return True
+    return any(r.get("controller") and r.get("uid") == uid
+               for r in namespace["metadata"].get("ownerReferences") or [])
+
+
+def _ready(teamspace: dict, ok: bool, reason: str, message: str, now: str) -> dict:
+    generation = teamspace["metadata"].get("generation")
+    old = ready_condition(teamspace)
+    status = "True" if ok else "False"
+    since = old.get("lastTransitionTime") if old and old.get("status") == status else now
+    return {"type": "Ready", "status": status, "reason": reason, "message": message,
+            "observedGeneration": generation, "lastTransitionTime": since}
+
+
+def ready_condition(teamspace: dict) -> dict:
+    for c in (teamspace.get("status") or {}).get("conditions") or []:
+        if isinstance(c, dict) and c.get("type") == "Ready":
+            return c
+    return {}
+
+
+def _status_write(teamspace: dict, status: dict, says: str, *, fill_namespace_uid: bool = False) -> list:
+    """Replace the status (subresource) if it differs; lastTransitionTime alone is no difference."""
+    old = teamspace.get("status") or {}
+
+    def comparable(s: dict) -> dict:
+        s = dict(s)
+        s["conditions"] = [{k: v for k, v in c.items() if k != "lastTransitionTime"}
+                           for c in s.get("conditions") or [] if isinstance(c, dict)]
+        return s
+
+    if comparable(old) == comparable(status) and not fill_namespace_uid:
+        return []
+    obj = {k: v for k, v in teamspace.items() if k != "status"}
+    obj["metadata"] = {k: v for k, v in teamspace["metadata"].items() if k != "managedFields"}
+    obj["status"] = status
+    w = _write(teamspace, "status", "replace", says, key=f"TeamSpace/{teamspace['metadata']['name']}",
+               verb="replace", subresource="status", obj=obj)
+    if fill_namespace_uid:
+        # The namespace is created earlier in this pass: its uid is known only then.
+        w["fill"] = {"namespaceUID": f"Namespace/team-{teamspace['metadata']['name']}"}
+    return [w]
+
+
+def failed_status(teamspace: dict, reason: str, message: str, now: str) -> list:
+    """After a write failed for a reason the TeamSpace's owner should see: Ready False."""
+    status = dict(teamspace.get("status") or {})
+    others = [c for c in status.get("conditions") or [] if isinstance(c, dict) and c.get("type") != "Ready"]
+    status["conditions"] = [*others, _ready(teamspace, False, reason, message[:1024], now)]
+    return _status_write(teamspace, status, f"status written (Ready False, {reason})")
+
+
+def plan(teamspace: dict, namespace: dict | None, quota: dict | None, now: str) -> list:
+    """The writes that bring one TeamSpace's namespace, quota and status to the desired state."""
+    meta = teamspace["metadata"]
+    if meta.get("deletionTimestamp"):
+        return _deletion_writes(teamspace)
+    name = meta["name"]
+    ns_name = f"team-{name}"
+    # Our finalizer first and on every live TeamSpace, valid or not: its deletion must wait for
+    # the archive record whatever else is wrong with it.
+    writes = _finalizer_writes(teamspace)
+    status = dict(teamspace.get("status") or {})
+    conditions = [c for c in status.get("conditions") or []
+                  if isinstance(c, dict) and c.get("type") != "Ready"]
+    problem = _problem(teamspace, namespace, quota)
+    if problem is not None and problem[0] != QUOTA_SCOPED:
+        reason, message = problem
+        writes.append(_write(teamspace, "problem", "report", message,
+                             event={"type": "Warning", "reason": reason, "message": message}))
+        status["conditions"] = [*conditions, _ready(teamspace, False, reason, message, now)]
+        return writes + _status_write(teamspace, status, f"status written (Ready False, {reason})")
+
+    if namespace is None:
+        writes.append(_write(
+            teamspace, "namespace", "create", f"namespace {ns_name} created",
+            key=f"Namespace/{ns_name}", verb="create",
+            obj={"apiVersion": "v1", "kind": "Namespace",
+                 "metadata": {"name": ns_name, "labels": {LABEL: name},
+                              "ownerReferences": [owner_reference(teamspace)]}}))
+    else:
+        owners = namespace["metadata"].get("ownerReferences") or []
+        if owner_reference(teamspace) not in owners:
+            # Ours (namespace_is_ours) but the reference is missing or altered: restore it,
+            # keep other owners that are not controllers. The resourceVersion makes the merge
+            # patch conditional: a namespace changed since the read is left to the next pass.
+            keep = [r for r in owners if not r.get("controller") and r.get("uid") != meta["uid"]]
+            writes.append(_write(
+                teamspace, "namespace", "patch", f"namespace {ns_name} ownerReference restored",
+                key=f"Namespace/{ns_name}", verb="patch", patch_type="merge",
+                obj=_ref("Namespace", ns_name),
+                patch={"metadata": {"resourceVersion": namespace["metadata"].get("resourceVersion"),
+                                    "ownerReferences": [*keep, owner_reference(teamspace)]}}))
+
+    hard = desired_hard(teamspace)
+    if problem is not None:  # a scoped quota: immutable, and the controller may not delete
+        reason, message = problem
+        writes.append(_write(teamspace, "problem", "report", message,
+                             event={"type": "Warning", "reason": reason, "message": message}))
+        status["conditions"] = [*conditions, _ready(teamspace, False, reason, message, now)]
+        return writes + _status_write(teamspace, status, f"status written (Ready False, {reason})")
+    if quota is None:
+        writes.append(_write(
+            teamspace, "quota", "create",
+            f"quota {QUOTA} created {json.dumps(hard, separators=(',', ':'))}",
+            key=f"ResourceQuota/{ns_name}/{QUOTA}", verb="create",
+            obj={"apiVersion": "v1", "kind": "ResourceQuota",
+                 "metadata": {"name": QUOTA, "namespace": ns_name, "labels": {LABEL: name}},
+                 "spec": {"hard": hard}}))
+    else:
+        have = (quota.get("spec") or {}).get("hard") or {}
+        if set(have) != set(hard) or not all(_same_quantity(have[k], v) for k, v in hard.items()):
+            # A merge patch of the limits alone, without a resourceVersion: quota admission
+            # updates this object's status on every pod create, and a guarded write would lose
+            # to it every time. Limits that are not ours are removed (null).
+            body = {"spec": {"hard": {**{k: None for k in have if k not in hard}, **hard}}}
+            # With the spec as last reconciled, a difference is an edit of the quota: a revert.
+            revert = status.get("observedGeneration") == meta.get("generation")
+            shown = json.dumps(hard, separators=(",", ":"))
+            was = json.dumps(have, separators=(",", ":"), sort_keys=True)
+            if revert:
+                says = f"quota {QUOTA} set back to {shown} (was {was})"
+                event = {"type": "Normal", "reason": QUOTA_REVERTED,
+                         "message": f"quota {QUOTA} in {ns_name} was {was}; set back to {shown}"}
+            else:
+                says = f"quota {QUOTA} set to {shown} (generation {meta.get('generation')})"
+                event = None
+            writes.append(_write(teamspace, "quota", "patch", says,
+                                 key=f"ResourceQuota/{ns_name}/{QUOTA}", verb="patch",
+                                 patch_type="merge", obj=_ref("ResourceQuota", QUOTA, ns_name),
+                                 patch=body, event=event))
+
+    # Status last: it is reached only when every write above succeeded, so observedGeneration
+    # never claims a generation whose namespace and quota are not in place.
+    status.update(observedGeneration=meta.get("generation"), namespace=ns_name)
+    if namespace is not None:
+        status["namespaceUID"] = namespace["metadata"].get("uid")
+    matched = f"namespace {ns_name} and quota {QUOTA} match the spec"
+    status["conditions"] = [*conditions, _ready(teamspace, True, RECONCILED, matched, now)]
+    return writes + _status_write(
+        teamspace, status, f"status written (observedGeneration {meta.get('generation')}, Ready True)",
+        fill_namespace_uid=namespace is None)
+
+
+def plan_all(teamspaces: list, namespaces: list, quotas: list, now: str) -> list:
+    """plan() for every TeamSpace, each with its own namespace and quota."""
+    ns_by_name = {n["metadata"]["name"]: n for n in namespaces}
+    quota_by_ns = {q["metadata"].get("namespace"): q for q in quotas}
+    writes = []
+    for t in teamspaces:
+        ns_name = f"team-{t['metadata']['name']}"
+        writes.extend(plan(t, ns_by_name.get(ns_name), quota_by_ns.get(ns_name), now))
+    return writes
+
+
+def _items(path: str) -> list:
+    with open(path, encoding="utf-8") as fh:
+        doc = json.load(fh)
+    return doc.get("items") or []
+
+
+def main(argv: list) -> int:
+    """plan NOW TEAMSPACES NAMESPACES QUOTAS: the writes as JSON lines, in STEPS order.
+    failed NOW TEAMSPACES FAILURES: status writes for failures ("name<TAB>reason<TAB>message").
+    steps: the step names, one per line."""
+    if argv[:1] == ["steps"]:
+        print("\n".join(STEPS))
+        return 0
+    if len(argv) == 5 and argv[0] == "plan":
+        writes = plan_all(_items(argv[2]), _items(argv[3]), _items(argv[4]), argv[1])
+    elif len(argv) == 4 and argv[0] == "failed":
+        by_name = {t["metadata"]["name"]: t for t in _items(argv[2])}
+        writes = []
+        with open(argv[3], encoding="utf-8") as fh:
+            for line in fh:
+                name, reason, message = ([*line.rstrip("\n").split("\t", 2), "", ""])[:3]
+                t = by_name.get(name)
+                if t is not None and not t["metadata"].get("deletionTimestamp"):
+                    writes.extend(failed_status(t, reason, message, argv[1]))
+    else:
+        print(main.__doc__, file=sys.stderr)
+        return 3
+    order = {s: i for i, s in enumerate(STEPS)}
+    for w in sorted(writes, key=lambda w: order[w["step"]]):
+        print(json.dumps(w, separators=(",", ":")))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,103 @@
+"""cnpa_plan: the pure decision of what to write, called directly (no kubectl, no files)."""
+
+from __future__ import annotations
+
+import sys
+from fractions import Fraction
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+import cnpa_plan as p
+
+NOW = "2026-12-03T00:00:00Z"
+
+
+@pytest.mark.parametrize("text,value", [
+    ("1", 1), ("500m", Fraction(1, 2)), ("0.5", Fraction(1, 2)), ("500u", Fraction(5, 10**4)),
+    ("100n", Fraction(1, 10**7)), ("5e-1", Fraction(1, 2)), ("1.5e0", Fraction(3, 2)),
+    ("1500e-3", Fraction(3, 2)), ("2Ki", 2048), ("1E", 10**18), ("1e3", 1000), (".5", Fraction(1, 2)),
+    ("5.", 5), ("+1", 1), ("-1", -1), (3, 3)])
+def test_quantity_values(text, value):
+    assert p.quantity(text) == value
+
+
+@pytest.mark.parametrize("text", ["", "abc", "1e", "1Ki5", "1 ", "e3", "1.2.3", "0x10", "1mi",
+                                  "1e999", "1" * 65, None, True, 1.5, ["1"]])
+def test_not_quantities(text):
+    assert p.quantity(text) is None
+
+
+def ts(name="a", uid="u", gen=1, finalizers=(p.FINALIZER,), status=None, **spec):
+    t = {"metadata": {"name": name, "uid": uid, "generation": gen, "resourceVersion": "5",
+                      "finalizers": list(finalizers)},
+         "spec": {"pods": 4, "cpu": "1", **spec}}
+    if status is not None:
+        t["status"] = status
+    return t
+
+
+def ns(name="a", uid="ns-uid", owner_uid="u", **labels):
+    refs = [] if owner_uid is None else [{**p.owner_reference(ts(name, owner_uid))}]
+    return {"metadata": {"name": f"team-{name}", "uid": uid, "resourceVersion": "2",
+                         "labels": {p.LABEL: name, **labels}, "ownerReferences": refs}}
+
+
+def quota(name="a", **hard):
+    return {"metadata": {"name": p.QUOTA, "namespace": f"team-{name}"},
+            "spec": {"hard": hard or {"pods": "4", "requests.cpu": "1"}}}
+
+
+def converged_status():
+    ready = {"type": "Ready", "status": "True", "reason": p.RECONCILED,
+             "message": "namespace team-a and quota team-quota match the spec",
+             "observedGeneration": 1, "lastTransitionTime": "2026-01-01T00:00:00Z"}
+    return {"observedGeneration": 1, "namespace": "team-a", "namespaceUID": "ns-uid",
+            "conditions": [ready]}
+
+
+def test_converged_plans_nothing():
+    assert p.plan(ts(status=converged_status()), ns(), quota(), NOW) == []
+
+
+def test_a_namespace_recorded_in_status_is_ours_even_without_the_reference():
+    plan = p.plan(ts(status=converged_status()), ns(owner_uid=None), quota(), NOW)
+    assert [(w["step"], w["op"]) for w in plan] == [("namespace", "patch")]
+
+
+def test_a_labelled_namespace_without_our_reference_or_record_is_not_ours():
+    plan = p.plan(ts(), ns(owner_uid=None), quota(), NOW)
+    assert [(w["step"], w["op"]) for w in plan] == [("problem", "report"), ("status", "replace")]
+    assert plan[0]["event"]["reason"] == p.NAMESPACE_NOT_OURS
+    assert plan[1]["object"]["status"]["conditions"][0]["status"] == "False"
+
+
+def test_ready_transition_time_moves_only_when_ready_changes():
+    st = converged_status()
+    st["observedGeneration"] = 0
+    [w] = p.plan(ts(status=st), ns(), quota(), NOW)
+    assert w["object"]["status"]["conditions"][0]["lastTransitionTime"] == "2026-01-01T00:00:00Z"
+    [_, w] = p.plan(ts(status=converged_status(), cpu="abc"), ns(), quota(), NOW)
+    assert w["object"]["status"]["conditions"][0]["lastTransitionTime"] == NOW
+
+
+def test_deletion_is_archived_whoever_holds_it():
+    t = ts(finalizers=["example.com/x"])
+    t["metadata"]["deletionTimestamp"] = NOW
+    assert [(w["step"], w["record"]) for w in p.plan(t, None, None, NOW)] == [
+        ("archive", {"name": "a", "uid": "u", "pods": 4})]
+
+
+def test_quota_drift_is_a_merge_patch_without_resource_version():
+    drifted = quota(pods="9", secrets="1", **{"requests.cpu": "1"})
+    [w] = p.plan(ts(status=converged_status()), ns(), drifted, NOW)
+    assert (w["verb"], w["patch_type"]) == ("patch", "merge")
+    assert w["patch"] == {"spec": {"hard": {"secrets": None, "pods": "4", "requests.cpu": "1"}}}
+    assert w["event"]["reason"] == p.QUOTA_REVERTED
+
+
+def test_every_write_names_its_step_and_target():
+    for w in p.plan_all([ts(name=n, finalizers=()) for n in "abc"], [], [], NOW):
+        assert w["step"] in p.STEPS and w["teamspace"] in "abc" and w["says"]
