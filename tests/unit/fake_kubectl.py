@@ -2,8 +2,8 @@
 """A tiny stand-in for kubectl, enough for reconcile.sh's unit tests.
 
 Like kubectl, a write names one object or many (`create|replace|patch -f` with a List, `patch
-TYPE NAME...`) and goes on after one fails. State lives in $FAKE_KUBE_STATE (JSON: teamspaces,
-namespaces, quotas keyed by name/namespace, events keyed by name).
+TYPE NAME...`; the patch as -p or --patch-file) and goes on after one fails. State lives in
+$FAKE_KUBE_STATE (JSON: teamspaces, namespaces, quotas keyed by name/namespace, events keyed by name).
 Every request is appended to $FAKE_KUBE_LOG as one JSON line {"verb", "resource", "name"} so the
 tests can count list and write requests the way the API server's audit log would.
 $FAKE_KUBE_DOWN=1 makes every request fail like an unreachable API server.
@@ -110,7 +110,7 @@ def positional(args: list) -> list:
             skip = False
         elif arg.startswith("-"):
             skip = "=" not in arg and arg in ("-p", "-n", "-o", "-f", "-l", "--type", "--subresource",
-                                               "--field-selector")
+                                               "--field-selector", "--patch-file")
         else:
             out.append(arg)
     return out
@@ -138,7 +138,8 @@ def read_objects(path: str) -> list:
     else:
         with open(path, encoding="utf-8") as fh:
             doc = json.load(fh)
-    return doc["items"] if doc.get("kind") == "List" else [doc]
+    read_objects.last = doc["items"] if doc.get("kind") == "List" else [doc]
+    return read_objects.last
 
 
 def store_or_delete(store: dict, key: str, obj: dict) -> None:
@@ -218,6 +219,15 @@ def patch(state: dict, resource: str, name: str, namespace: str | None, kind: st
     return new
 
 
+def where_kind(obj: dict, args: list) -> str:
+    """The resource of a written object (test fixtures may leave out the kind)."""
+    if obj.get("kind") in KINDS:
+        return KINDS[obj["kind"]]
+    if "-f" in args or any(a.startswith("-f=") for a in args):
+        return KINDS[read_objects.last[0]["kind"]]
+    return positional(args[1:])[0]
+
+
 def main(argv: list) -> None:
     args = [a for a in argv if not a.startswith("--request-timeout")]
     if os.environ.get("FAKE_KUBE_DOWN") == "1":
@@ -258,12 +268,18 @@ def main(argv: list) -> None:
     elif verb == "patch" and not sub:  # status is replaced, never patched
         if opt(args, "-f"):
             objs = read_objects(opt(args, "-f"))
-            resource, names = KINDS[objs[0]["kind"]], [o["metadata"]["name"] for o in objs]
+            targets = [(KINDS[o["kind"]], o["metadata"]["name"], o["metadata"].get("namespace"))
+                       for o in objs]
         else:
             resource, *names = positional(args[1:])
-        body = json.loads(opt(args, "-p"))
-        todo = [(lambda n=n: patch(state, resource, n, opt(args, "-n"), opt(args, "--type"),
-                                   body)) for n in names]
+            targets = [(resource, n, opt(args, "-n")) for n in names]
+        if opt(args, "--patch-file"):
+            with open(opt(args, "--patch-file"), encoding="utf-8") as fh:
+                body = json.load(fh)
+        else:
+            body = json.loads(opt(args, "-p"))
+        todo = [(lambda r=r, n=n, ns=ns: patch(state, r, n, ns, opt(args, "--type"), body))
+                for r, n, ns in targets]
     else:
         fail(f"fake kubectl: unsupported {argv}", 3)
     failed = False
@@ -275,7 +291,9 @@ def main(argv: list) -> None:
             failed = True
             continue
         if opt(args, "-o") == "json":
-            print(json.dumps(obj))
+            # The API server always answers with the kind, even if the test's object lacks it.
+            kind = {v: k for k, v in KINDS.items()}[where_kind(obj, args)]
+            print(json.dumps({"kind": kind, **obj}))
         else:
             print(f"{KINDS.get(obj.get('kind'), 'object')}/{obj['metadata']['name']} written")
     save(state)

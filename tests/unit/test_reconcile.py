@@ -8,7 +8,9 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -69,14 +71,18 @@ class Cluster:
         """kubectl processes of the last run, as "VERB TYPE"."""
         return (self.tmp / "calls.log").read_text().splitlines()
 
-    def run(self, **env_extra):
+    def save(self, state):
+        self.state_file.write_text(json.dumps(state))
+
+    def run(self, *args, **env_extra):
         self.log_file.unlink(missing_ok=True)
         (self.tmp / "calls.log").unlink(missing_ok=True)
         env = dict(os.environ, KUBECTL=str(FAKE), FAKE_KUBE_STATE=str(self.state_file),
                    FAKE_KUBE_LOG=str(self.log_file), CNPA_BASE_DIR=str(self.tmp / "base"),
-                   FAKE_KUBE_CALLS=str(self.tmp / "calls.log"))
+                   FAKE_KUBE_CALLS=str(self.tmp / "calls.log"),
+                   CNPA_LOCK_FILE=str(self.tmp / "pass.lock"))
         env.update(env_extra)
-        return subprocess.run(["bash", str(SCRIPT)], env=env, capture_output=True, text=True,
+        return subprocess.run(["bash", str(SCRIPT), *args], env=env, capture_output=True, text=True,
                               timeout=60, check=False)
 
 
@@ -92,7 +98,11 @@ def test_one_pass_builds_namespace_quota_status_and_finalizer(tmp_path):
         "uid": "u-a", "controller": True, "blockOwnerDeletion": True}]
     assert st["quotas"]["team-alpha"]["spec"]["hard"] == {"pods": "4", "requests.cpu": "1"}
     ts = st["teamspaces"]["alpha"]
-    assert ts["status"] == {"observedGeneration": 3, "namespace": "team-alpha"}
+    [ready] = ts["status"].pop("conditions")
+    assert ts["status"] == {"observedGeneration": 3, "namespace": "team-alpha",
+                            "namespaceUID": ns["metadata"]["uid"]}
+    assert (ready["type"], ready["status"], ready["reason"], ready["observedGeneration"]) == \
+        ("Ready", "True", "Reconciled", 3)
     assert ts["metadata"]["finalizers"] == [FIN]
     # status went through the subresource, never the main endpoint
     assert {"verb": "update", "resource": f"{TS}/status",
@@ -118,12 +128,13 @@ def test_quantities_compare_canonically(tmp_path, spec_cpu, quota_cpu):
                                             "controller": True, "blockOwnerDeletion": True}]}}
     q = {"metadata": {"name": "team-quota", "namespace": "team-a", "resourceVersion": "1"},
          "spec": {"hard": {"pods": "4", "requests.cpu": quota_cpu}}}
-    t = teamspace("a", "u", cpu=spec_cpu, finalizers=[FIN],
-                  status={"observedGeneration": 1, "namespace": "team-a"})
+    t = teamspace("a", "u", cpu=spec_cpu, finalizers=[FIN])
     c = Cluster(tmp_path, [t], [ns], [q])
     res = c.run()
     assert res.returncode == 0, res.stderr
-    assert c.writes() == []
+    # The first pass records status (Ready, the namespace's uid); the quota is left alone.
+    assert [w["resource"] for w in c.writes()] == [f"{TS}/status"]
+    assert c.run().returncode == 0 and c.writes() == []
 
 
 def test_drifted_quota_is_set_back_and_extra_limits_removed(tmp_path):
@@ -179,8 +190,8 @@ def test_finalizer_stays_when_archive_cannot_be_written(tmp_path):
     blocker.write_text("")
     c = Cluster(tmp_path, [teamspace("beta", "u-b", finalizers=[FIN], deleting=True)])
     res = c.run(CNPA_ARCHIVE_DIR=str(blocker / "archive"))
-    assert res.returncode == 1
-    assert "beta" in res.stderr
+    assert res.returncode == 4  # the directory is missing and cannot be made
+    assert "TeamSpace beta: archive directory" in res.stderr
     assert c.state["teamspaces"]["beta"]["metadata"]["finalizers"] == [FIN]
     assert c.object_writes() == []
 
@@ -197,7 +208,13 @@ def test_one_bad_teamspace_does_not_stop_the_others(tmp_path):
     assert st["teamspaces"]["good"]["status"]["namespace"] == "team-good"
     assert "team-good" in st["quotas"]
     assert st["namespaces"]["team-x"] == foreign  # not adopted, not modified
-    assert "status" not in st["teamspaces"]["x"]  # never claims what is not in place
+    # Never claims what is not in place: Ready False, no observedGeneration.
+    x = st["teamspaces"]["x"]
+    assert "observedGeneration" not in x["status"]
+    [ready] = x["status"]["conditions"]
+    assert (ready["status"], ready["reason"]) == ("False", "NamespaceNotOurs")
+    # Every live TeamSpace carries our finalizer, valid or not.
+    assert all(t["metadata"]["finalizers"] == [FIN] for t in st["teamspaces"].values())
 
 
 def test_unreachable_api_fails_fast_without_writes(tmp_path):
@@ -234,15 +251,21 @@ def test_namespace_of_an_earlier_teamspace_is_not_adopted(tmp_path):
     res = c.run()
     assert res.returncode == 1
     assert "TeamSpace a:" in res.stderr and "old-uid" in res.stderr
-    assert c.object_writes() == []
+    assert [w["resource"] for w in c.object_writes()] == [TS, f"{TS}/status"]  # finalizer, Ready
     assert [e["reason"] for e in c.state["events"].values()] == ["NamespaceOwnedByOther"]
     assert c.state["namespaces"]["team-a"]["metadata"]["ownerReferences"][0]["uid"] == "old-uid"
 
 
 def test_removed_owner_reference_is_restored_keeping_other_owners(tmp_path):
     other = {"apiVersion": "v1", "kind": "ConfigMap", "name": "x", "uid": "cm"}
-    c = Cluster(tmp_path, [teamspace("a", "u")], [_owned_ns("a", "u", refs=[other])])
-    assert c.run().returncode == 0
+    ns = _owned_ns("a", "u", refs=[other])
+    ns["metadata"]["uid"] = "ns-uid"
+    # Restored only because the status records this namespace as the one made for it.
+    t = teamspace("a", "u", status={"namespaceUID": "ns-uid"})
+    c = Cluster(tmp_path, [t], [ns])
+    res = c.run()
+    assert res.returncode == 0, res.stderr
+    assert "teamspace a: namespace team-a ownerReference restored" in res.stdout
     refs = c.state["namespaces"]["team-a"]["metadata"]["ownerReferences"]
     assert refs[0] == other and refs[1]["uid"] == "u" and refs[1]["controller"] is True
     assert c.run().returncode == 0 and c.writes() == []
@@ -259,6 +282,7 @@ def test_problems_become_one_event_each_on_the_teamspace_and_are_not_repeated(tm
     res = c.run()
     assert res.returncode == 1
     assert "team-x already exists and is not managed by cnpa-op" in res.stderr
+    assert "TeamSpace good" not in res.stderr  # each error belongs to its own TeamSpace
     evs = _events(c)
     assert [(e["reason"], e["involvedObject"]["name"], e["involvedObject"]["uid"], e["type"])
             for e in evs] == [("InvalidCPU", "cpu", "u2", "Warning"),
@@ -269,11 +293,13 @@ def test_problems_become_one_event_each_on_the_teamspace_and_are_not_repeated(tm
         assert e["involvedObject"]["kind"] == "TeamSpace"
         assert e["message"] and not e["message"].startswith("reconcile:")
     assert "not managed by cnpa-op" in evs[2]["message"]
-    # The same problems on the next pass: logged again, but no new Event (bounded).
+    # The same problems on the next pass: logged again, but no new Event (bounded), and no
+    # status write (Ready False is already there). (x's create is retried and fails again: the
+    # fake logs only writes that succeed.)
     res = c.run()
     assert res.returncode == 1 and "TeamSpace cpu:" in res.stderr
     assert len(_events(c)) == 3
-    assert [w for w in c.writes() if w["resource"] == "events"] == []
+    assert c.writes() == []
     # Fixed input converges and then passes are write-free (no Event list either).
     st = c.state
     st["teamspaces"]["cpu"]["spec"]["cpu"] = "250m"
@@ -305,7 +331,9 @@ def test_junk_quota_is_set_back_and_the_revert_is_an_event(tmp_path):
     res = c.run()
     assert res.returncode == 0, res.stderr
     assert c.state["quotas"]["team-a"]["spec"] == {"hard": {"pods": "6", "requests.cpu": "1"}}
-    assert "TeamSpace a: quota team-quota in team-a was" in res.stderr
+    assert res.stdout.splitlines()[0] == (
+        'teamspace a: quota team-quota set back to {"pods":"6","requests.cpu":"1"} '
+        '(was {"pods":"1000","requests.memory":"1Ti"})')
     [ev] = _events(c)
     assert (ev["type"], ev["reason"]) == ("Normal", "QuotaReverted")
     assert "1Ti" in ev["message"]
@@ -322,7 +350,7 @@ def test_scoped_quota_is_reported_not_patched(tmp_path):
     c.state_file.write_text(json.dumps(st))
     res = c.run()
     assert res.returncode == 1 and "delete it and it is recreated" in res.stderr
-    assert c.object_writes() == []
+    assert [w["resource"] for w in c.object_writes()] == [f"{TS}/status"]  # Ready False
     assert [e["reason"] for e in _events(c)] == ["QuotaScoped"]
     st = c.state
     del st["quotas"]["team-a"]
@@ -354,6 +382,7 @@ def test_writes_of_one_kind_share_one_kubectl_process_whatever_the_number(tmp_pa
     res = c.run()
     assert res.returncode == 0, res.stderr
     assert len(c.object_writes()) == 26 * 4
+    assert len(res.stdout.splitlines()) == 26 * 4  # one line per write
     # 3 lists; finalizers: one patch creating the list, one appending to an existing one;
     # one create of all namespaces, one of all quotas, one replace of all statuses.
     assert sorted(c.calls()) == sorted([f"get {TS}", "get namespaces", "get resourcequotas",
@@ -382,7 +411,7 @@ def test_status_is_not_written_over_a_change_made_after_the_read(tmp_path):
     res = c.run(FAKE_KUBE_AFTER_LIST=json.dumps(
         {"teamspaces": {"a": {"metadata": {"generation": 2, "resourceVersion": "7"},
                               "spec": {"pods": 9}}}}))
-    assert res.returncode == 1 and "status update failed" in res.stderr
+    assert res.returncode == 1 and "status replace conflicted" in res.stderr
     assert "status" not in c.state["teamspaces"]["a"]
     assert c.run().returncode == 0
     st = c.state
@@ -399,6 +428,182 @@ def test_a_quota_that_follows_a_spec_change_is_not_an_event(tmp_path):
     c.state_file.write_text(json.dumps(st))
     res = c.run()
     assert res.returncode == 0, res.stderr
-    assert "set to" in res.stderr and "set back" not in res.stderr
+    assert "set to" in res.stdout and "set back" not in res.stdout
     assert c.state["quotas"]["team-a"]["spec"]["hard"]["pods"] == "5"
     assert c.state.get("events", {}) == {}
+
+
+# -- issue 11: trust ---------------------------------------------------------------------------
+
+def test_a_converged_pass_prints_nothing_and_each_write_is_one_line(tmp_path):
+    c = Cluster(tmp_path, [teamspace("a", "u", pods=2)])
+    res = c.run()
+    assert res.stdout.splitlines() == [
+        "teamspace a: finalizer added", "teamspace a: namespace team-a created",
+        'teamspace a: quota team-quota created {"pods":"2","requests.cpu":"1"}',
+        "teamspace a: status written (observedGeneration 1, Ready True)"]
+    res = c.run()
+    assert (res.returncode, res.stdout, c.writes()) == (0, "", [])
+
+
+def test_plan_prints_named_writes_and_writes_nothing(tmp_path):
+    c = Cluster(tmp_path, [teamspace("a", "u", pods=2)])
+    res = c.run("--plan")
+    assert res.returncode == 0, res.stderr
+    plan = [json.loads(line) for line in res.stdout.splitlines()]
+    assert [(w["step"], w["op"], w["teamspace"]) for w in plan] == [
+        ("finalizer", "add", "a"), ("namespace", "create", "a"), ("quota", "create", "a"),
+        ("status", "replace", "a")]
+    assert c.writes() == []
+    assert c.run("--bogus").returncode == 3
+
+
+def test_an_unknown_step_in_the_plan_fails_loudly(tmp_path):
+    fake_plan = tmp_path / "plan.py"
+    fake_plan.write_text('import json\nprint(json.dumps({"step": "teleport", "teamspace": "a"}))\n')
+    c = Cluster(tmp_path, [teamspace("a", "u")])
+    res = c.run(CNPA_PLAN=str(fake_plan))
+    assert res.returncode == 3 and "step this script does not know: teleport" in res.stderr
+    assert c.writes() == []
+
+
+@pytest.mark.parametrize("spec_cpu,stored", [("0.0005", "500u"), ("1.5e0", "1500m"),
+                                             ("500u", "500u"), ("100n", "100n"), ("5e-1", "500m"),
+                                             ("2Ki", "2048"), ("1E", "1e18")])
+def test_quantities_over_the_whole_grammar(tmp_path, spec_cpu, stored):
+    c = Cluster(tmp_path, [teamspace("a", "u", cpu=spec_cpu)])
+    res = c.run()
+    assert res.returncode == 0, res.stderr
+    # What the API server stores for the quota is its canonical form: no write follows from it.
+    st = c.state
+    st["quotas"]["team-a"]["spec"]["hard"]["requests.cpu"] = stored
+    c.save(st)
+    assert c.run().returncode == 0 and c.writes() == []
+
+
+def test_a_huge_cpu_value_breaks_nothing_for_the_others(tmp_path):
+    huge = "1" * 200_000
+    c = Cluster(tmp_path, [teamspace("huge", "u1", cpu=huge), teamspace("ok", "u2"),
+                           teamspace("gone", "u3", finalizers=[FIN], deleting=True)])
+    res = c.run()
+    assert res.returncode == 1
+    assert "team-ok" in c.state["quotas"] and "gone" not in c.state["teamspaces"]
+    assert (c.archive / "gone.json").exists()
+    [ev] = [e for e in c.state["events"].values() if e["reason"] == "InvalidCPU"]
+    assert len(ev["message"]) < 1100 and "200000 characters" not in ev["message"][:40]
+    assert c.state["teamspaces"]["huge"]["metadata"]["finalizers"] == [FIN]
+
+
+def test_thousands_of_own_events_do_not_stop_a_pass(tmp_path):
+    events = {f"old.cnpa.{i:016x}": {"metadata": {"name": f"old.cnpa.{i:016x}", "namespace": "default"}}
+              for i in range(5000)}
+    c = Cluster(tmp_path, [teamspace("bad", "u", cpu="abc")])
+    st = c.state
+    st["events"] = events
+    c.save(st)
+    res = c.run()
+    assert res.returncode == 1 and "Argument list too long" not in res.stderr
+    assert [e["reason"] for e in c.state["events"].values() if "old" not in e["metadata"]["name"]] \
+        == ["InvalidCPU"]
+
+
+def test_a_batch_write_that_fails_is_resent_alone_and_its_error_is_its_own(tmp_path):
+    foreign = {"kind": "Namespace", "metadata": {"name": "team-b", "resourceVersion": "1"}}
+    c = Cluster(tmp_path, [teamspace("a", "ua"), teamspace("b", "ub"), teamspace("c", "uc")], [foreign])
+    res = c.run()
+    assert res.returncode == 1
+    assert [line for line in res.stderr.splitlines() if "TeamSpace" in line] == [
+        "reconcile: TeamSpace b: namespace team-b already exists and is not managed by cnpa-op "
+        "(no platform.labhub.io/teamspace=b label); not adopting or modifying it - delete or rename it"]
+    assert sorted(c.state["quotas"]) == ["team-a", "team-c"]
+    assert [e["involvedObject"]["name"] for e in c.state["events"].values()] == ["b"]
+
+
+def test_every_live_teamspace_gets_the_finalizer_and_every_deletion_is_archived(tmp_path):
+    held = teamspace("held", "u-h", pods=3, finalizers=["example.com/hold"], deleting=True)
+    c = Cluster(tmp_path, [teamspace("bad", "u-b", cpu="abc"), held])
+    assert c.run().returncode == 1
+    assert c.state["teamspaces"]["bad"]["metadata"]["finalizers"] == [FIN]
+    assert json.loads((c.archive / "held.json").read_text()) == {"name": "held", "uid": "u-h", "pods": 3}
+    assert c.state["teamspaces"]["held"]["metadata"]["finalizers"] == ["example.com/hold"]
+    # Archived once: the next pass neither rewrites the record nor says anything.
+    mtime = (c.archive / "held.json").stat().st_mtime_ns
+    res = c.run()
+    assert "held" not in res.stdout and (c.archive / "held.json").stat().st_mtime_ns == mtime
+
+
+def test_an_earlier_record_of_the_same_name_is_kept(tmp_path):
+    c = Cluster(tmp_path, [teamspace("a", "uid-1", pods=1, finalizers=[FIN], deleting=True)])
+    assert c.run().returncode == 0
+    st = c.state
+    st["teamspaces"]["a"] = teamspace("a", "uid-2", pods=2, finalizers=[FIN], deleting=True)
+    c.save(st)
+    res = c.run()
+    assert res.returncode == 0, res.stderr
+    assert json.loads((c.archive / "a.json").read_text())["uid"] == "uid-2"
+    assert json.loads((c.archive / "a.uid-1.json").read_text()) == {"name": "a", "uid": "uid-1", "pods": 1}
+
+
+def test_a_labelled_namespace_not_made_for_the_teamspace_is_not_adopted(tmp_path):
+    # Pre-labelled by someone, or left by `kubectl delete --cascade=orphan` (no ownerReference).
+    ns = {"kind": "Namespace", "metadata": {"name": "team-a", "uid": "ns-1", "resourceVersion": "1",
+                                            "labels": {LABEL: "a"}}}
+    c = Cluster(tmp_path, [teamspace("a", "u")], [ns])
+    res = c.run()
+    assert res.returncode == 1 and "not adopting it" in res.stderr
+    assert c.state["namespaces"]["team-a"] == ns
+    assert "team-a" not in c.state["quotas"]
+    assert [e["reason"] for e in c.state["events"].values()] == ["NamespaceNotOurs"]
+
+
+def test_a_quota_is_set_back_by_a_patch_without_a_version_guard(tmp_path):
+    c = Cluster(tmp_path, [teamspace("a", "u", pods=4)])
+    c.run()
+    st = c.state
+    st["quotas"]["team-a"]["spec"]["hard"]["pods"] = "40"
+    st["quotas"]["team-a"]["metadata"]["resourceVersion"] = "read"
+    c.save(st)
+    # Quota admission updates the quota's status right after the read.
+    res = c.run(FAKE_KUBE_AFTER_LIST=json.dumps(
+        {"quotas": {"team-a": {"metadata": {"resourceVersion": "later"},
+                               "status": {"used": {"pods": "1"}}}}}))
+    assert res.returncode == 0, res.stderr
+    assert c.state["quotas"]["team-a"]["spec"]["hard"]["pods"] == "4"
+    assert [e["reason"] for e in c.state["events"].values()] == ["QuotaReverted"]
+
+
+def test_passes_take_turns_and_a_pass_has_a_deadline(tmp_path):
+    c = Cluster(tmp_path, [teamspace("a", "u")])
+    lock = str(tmp_path / "pass.lock")
+    holder = subprocess.Popen(["flock", lock, "sleep", "30"], start_new_session=True)
+    try:
+        for _ in range(100):  # until the holder has the lock (bounded: 10 s)
+            if subprocess.run(["flock", "-n", lock, "true"], check=False).returncode:
+                break
+            time.sleep(0.1)
+        res = c.run(CNPA_PASS_DEADLINE="4")
+        assert res.returncode == 75 and "another pass has held" in res.stderr
+        assert c.requests() == []
+    finally:
+        os.killpg(holder.pid, signal.SIGKILL)
+        holder.wait()
+    slow = tmp_path / "slow-kubectl"
+    slow.write_text("#!/bin/sh\nsleep 30\n")
+    slow.chmod(0o755)
+    res = c.run(CNPA_PASS_DEADLINE="2", KUBECTL=str(slow))
+    assert res.returncode == 124 and "deadline of 2 s" in res.stderr
+
+
+def test_a_replaced_archive_directory_ends_the_pass_with_status_4(tmp_path):
+    # What the sandbox sees when the directory is replaced on the host: a deleted directory.
+    archive = tmp_path / "base" / "archive"
+    archive.mkdir(parents=True)
+    keep = os.open(archive, os.O_RDONLY)
+    try:
+        archive.rmdir()
+        c = Cluster(tmp_path, [teamspace("b", "u", finalizers=[FIN], deleting=True)])
+        res = c.run(CNPA_ARCHIVE_DIR=f"/proc/{os.getpid()}/fd/{keep}")
+    finally:
+        os.close(keep)
+    assert res.returncode == 4 and "was replaced" in res.stderr
+    assert c.state["teamspaces"]["b"]["metadata"]["finalizers"] == [FIN]
