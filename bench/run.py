@@ -132,6 +132,9 @@ class Bench:
         self.sh("kubectl apply -f /root/cnpa-op/crd.yaml && kubectl wait --for=condition=Established"
                 " --timeout=60s crd/teamspaces.platform.labhub.io", timeout=90)
         self.put("/root/cnpa-op/reconcile.sh", Path(self.args.reconcile).read_text(), "0755")
+        plan = Path(self.args.reconcile).with_name("cnpa_plan.py")  # its plan module, if it has one
+        if plan.exists():
+            self.put("/root/cnpa-op/cnpa_plan.py", plan.read_text())
         self.put(f"{BENCH_DIR}/naive_reconcile.sh", (ROOT / "bench/naive_reconcile.sh").read_text(),
                  "0755")
         self.put(f"{BENCH_DIR}/pass_probe.py", (ROOT / "bench/pass_probe.py").read_text())
@@ -167,6 +170,7 @@ class Bench:
         # The role's least-privilege ServiceAccount kubeconfig is made by the role; the benchmark
         # runs the unit with the admin kubeconfig (its requests are the admin user's in the audit).
         values["cnpa_controller_unit_kubeconfig"] = HOST_KUBECONFIG
+        values["cnpa_controller_least_privilege"] = False
         if not tpl.exists():  # the spec's unit, if the role is not there
             return ("[Service]\nEnvironment=KUBECONFIG=/etc/rancher/k3s/k3s.yaml\n"
                     f"ExecStart=/bin/bash -c 'while true; do {script}; sleep 3; done'\n"
