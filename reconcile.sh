@@ -166,17 +166,19 @@ send() {
     if [[ $verb == patch ]]; then
       jq -c '.[0].patch' "$WORK/group" >"$WORK/patch"
       args+=(--type "$ptype" --patch-file "$WORK/patch")
+    else
+      args+=(--validate=false)  # (kubectl patch has no such flag and never validates)
     fi
     [[ $sub == - ]] || args+=("--subresource=$sub")
     jq -c '{apiVersion: "v1", kind: "List", items: map(.object)}' "$WORK/group" >"$WORK/objects"
-    { k "${args[@]}" --validate=false -f "$WORK/objects" -o json 2>"$WORK/send.err" || true; } |
+    { k "${args[@]}" -f "$WORK/objects" -o json 2>"$WORK/send.err" || true; } |
       written >"$WORK/sent"
     jq -c '.[]' "$WORK/group" | outcome
     mv -- "$WORK/retry" "$WORK/retry.group"
     while IFS= read -r row; do
       if ((n > 1)); then
         jq -c '{apiVersion: "v1", kind: "List", items: [.object]}' <<<"$row" >"$WORK/objects"
-        { k "${args[@]}" --validate=false -f "$WORK/objects" -o json 2>"$WORK/send.err" || true; } |
+        { k "${args[@]}" -f "$WORK/objects" -o json 2>"$WORK/send.err" || true; } |
           written >"$WORK/sent"
         outcome <<<"$row"
         [[ -s $WORK/retry ]] || continue

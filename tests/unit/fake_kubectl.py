@@ -265,6 +265,8 @@ def main(argv: list) -> None:
         objs = read_objects(opt(args, "-f"))
         todo = [(lambda o=o: create(state, o)) if verb == "create"
                 else (lambda o=o: replace(state, o, sub)) for o in objs]
+    elif verb == "patch" and any(a.startswith("--validate") for a in args):
+        fail("unknown flag: --validate", 1)  # as kubectl: patch has no such flag
     elif verb == "patch" and not sub:  # status is replaced, never patched
         if opt(args, "-f"):
             objs = read_objects(opt(args, "-f"))
