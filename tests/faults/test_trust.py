@@ -406,7 +406,9 @@ def _hostage(lab, ns: str) -> None:
                "data": {"k": "v"}})
     pod = json.dumps({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "keep", "namespace": ns},
                       "spec": {"automountServiceAccountToken": False,
-                               "containers": [{"name": "c", "image": "registry.invalid/pause"}]}})
+                               "containers": [{"name": "c", "image": "registry.invalid/pause",
+                                               # within team-quota, where there is one
+                                               "resources": {"requests": {"cpu": "10m"}}}]}})
     # Admission wants the namespace's default ServiceAccount, which the controller manager makes.
     wait_for(lambda: lab.kubectl("apply", "-f", "-", input_text=pod, check=False).returncode == 0,
              timeout=30, what=f"a pod in {ns}")
