@@ -20,6 +20,7 @@ Python 3.9+, standard library only (the lab VM's python3; the `kubernetes` clien
 from __future__ import annotations
 
 import json
+import math
 import re
 import sys
 from fractions import Fraction
@@ -93,6 +94,21 @@ def quantity(text: Any) -> Fraction | None:
 def _same_quantity(a: Any, b: Any) -> bool:
     qa, qb = quantity(a), quantity(b)
     return qa is not None and qa == qb
+
+
+def stored_cpu(value: Fraction) -> Fraction:
+    """The value the API server keeps for a quota's cpu: rounded up to a whole milli-CPU
+    (measured on 1.36: "0.0005", "500u" and "100n" are stored as "1m", "1500u" as "2m")."""
+    return Fraction(math.ceil(value * 1000), 1000)
+
+
+def quota_matches(have: dict, hard: dict) -> bool:
+    """The quota's limits are exactly the desired ones, compared as the server stores them."""
+    if set(have) != set(hard):
+        return False
+    cpu, stored = quantity(hard["requests.cpu"]), quantity(have["requests.cpu"])
+    return (_same_quantity(have["pods"], hard["pods"]) and cpu is not None
+            and stored == stored_cpu(cpu))
 
 
 def _short(value: Any) -> str:
@@ -344,7 +360,7 @@ def plan(teamspace: dict, namespace: dict | None, quota: dict | None, now: str) 
                  "spec": {"hard": hard}}))
     else:
         have = (quota.get("spec") or {}).get("hard") or {}
-        if set(have) != set(hard) or not all(_same_quantity(have[k], v) for k, v in hard.items()):
+        if not quota_matches(have, hard):
             # A merge patch of the limits alone, without a resourceVersion: quota admission
             # updates this object's status on every pod create, and a guarded write would lose
             # to it every time. Limits that are not ours are removed (null).

@@ -229,9 +229,12 @@ failed_write() {
 archive_step() {
   local row name uid record file old keep tmp
   if [[ -d $ARCHIVE_DIR && $(stat -L -c %h -- "$ARCHIVE_DIR") == 0 ]] ||
-     ! mkdir -p -- "$ARCHIVE_DIR" 2>/dev/null; then
-    # A deleted directory (link count 0): it was removed or replaced after the service's
-    # sandbox mounted it, or it was missing then and cannot be made now.
+     ! mkdir -p -- "$ARCHIVE_DIR" 2>/dev/null ||
+     [[ ,$(findmnt -n -o OPTIONS -T "$ARCHIVE_DIR" 2>/dev/null), == *,ro,* ]]; then
+    # The sandbox binds the directory as it was when the service started. Removed or replaced
+    # on the host since, the service sees a deleted directory (link count 0) or, once the
+    # kernel has detached that bind mount, the read-only file system beneath; missing at the
+    # start, it cannot be made. A restart binds the directory anew.
     ARCHIVE_BROKEN=1
   fi
   while IFS= read -r row; do

@@ -101,3 +101,12 @@ def test_quota_drift_is_a_merge_patch_without_resource_version():
 def test_every_write_names_its_step_and_target():
     for w in p.plan_all([ts(name=n, finalizers=()) for n in "abc"], [], [], NOW):
         assert w["step"] in p.STEPS and w["teamspace"] in "abc" and w["says"]
+
+
+@pytest.mark.parametrize("spec,stored", [("0.0005", "1m"), ("500u", "1m"), ("100n", "1m"),
+                                         ("1500u", "2m"), ("1.0001", "1001m"), ("5e-1", "500e-3"),
+                                         ("1.5e0", "1500e-3"), ("2Ki", "2Ki"), ("1", "1")])
+def test_quota_cpu_compares_as_the_server_stores_it(spec, stored):
+    # What kube-apiserver 1.36 stored for each value (kubectl create --dry-run=server).
+    assert p.quota_matches({"pods": "4", "requests.cpu": stored}, {"pods": "4", "requests.cpu": spec})
+    assert not p.quota_matches({"pods": "4", "requests.cpu": "2"}, {"pods": "4", "requests.cpu": spec})

@@ -467,8 +467,8 @@ def test_an_unknown_step_in_the_plan_fails_loudly(tmp_path):
     assert c.writes() == []
 
 
-@pytest.mark.parametrize("spec_cpu,stored", [("0.0005", "500u"), ("1.5e0", "1500m"),
-                                             ("500u", "500u"), ("100n", "100n"), ("5e-1", "500m"),
+@pytest.mark.parametrize("spec_cpu,stored", [("0.0005", "1m"), ("1.5e0", "1500e-3"),
+                                             ("500u", "1m"), ("100n", "1m"), ("5e-1", "500e-3"),
                                              ("2Ki", "2048"), ("1E", "1e18")])
 def test_quantities_over_the_whole_grammar(tmp_path, spec_cpu, stored):
     c = Cluster(tmp_path, [teamspace("a", "u", cpu=spec_cpu)])
