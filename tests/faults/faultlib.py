@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import subprocess
 import time
+from contextlib import contextmanager
 
 from hostlib import ROOT, Host, wait_for
 
@@ -124,3 +125,28 @@ class Lab(Host):
 
     def service(self, prop: str) -> str:
         return self.sh(f"systemctl show -p {prop} --value cnpa-op").stdout.strip()
+
+
+CRD_FILE = "/root/cnpa-op/crd.yaml"
+
+
+@contextmanager
+def crd_without_bounds(lab: Lab):
+    """The live CRD without its bounds on metadata.name and spec.cpu (as on a server, or an
+    older CRD, that does not check them), so that the controller can be shown what the API
+    server would otherwise refuse; the CRD as installed (crd.yaml) is re-applied afterwards."""
+    crd = lab.get("crd", f"{TS}")
+    root = "/spec/versions/0/schema/openAPIV3Schema"
+    schema = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    cpu = schema["properties"]["spec"]["properties"]["cpu"]
+    ops = [{"op": "remove", "path": f"{root}/x-kubernetes-validations"}] \
+        if "x-kubernetes-validations" in schema else []
+    ops += [{"op": "remove", "path": f"{root}/properties/spec/properties/cpu/{key}"}
+            for key in ("maxLength", "pattern", "x-kubernetes-validations") if key in cpu]
+    if ops:
+        lab.kubectl("patch", "crd", TS, "--type", "json", "-p", json.dumps(ops))
+    try:
+        yield
+    finally:
+        lab.kubectl("apply", "-f", CRD_FILE)
+        lab.kubectl("wait", "--for=condition=Established", "--timeout=60s", f"crd/{TS}")

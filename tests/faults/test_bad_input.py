@@ -7,7 +7,7 @@ import json
 import time
 
 import pytest
-from faultlib import TS, wait_for
+from faultlib import TS, crd_without_bounds, wait_for
 
 
 @pytest.mark.parametrize("pods,message", [
@@ -31,6 +31,13 @@ def _event(lab, name, reason):
 
 
 def test_bad_teamspaces_are_reported_others_unaffected_and_fixed_input_converges(lab, report):
+    # The CRD now refuses a bad name or cpu; the controller must still cope with objects made
+    # before it did (or on a server without CEL): shown with the bounds taken off the live CRD.
+    with crd_without_bounds(lab):
+        _bad_teamspaces(lab, report)
+
+
+def _bad_teamspaces(lab, report):
     since = lab.now()
     foreign = {"apiVersion": "v1", "kind": "Namespace",
                "metadata": {"name": "team-x", "labels": {"owner": "someone-else"}}}
@@ -40,7 +47,7 @@ def test_bad_teamspaces_are_reported_others_unaffected_and_fixed_input_converges
         lab.teamspace(name, pods=3, **kw)
     lab.wait_converged("good", "alpha")
     expect = {"bad.dot": ("InvalidName", "is not a valid DNS label"),
-              "badcpu": ("InvalidCPU", 'spec.cpu "abc" is not a quantity'),
+              "badcpu": ("InvalidCPU", 'spec.cpu "abc" is not a non-negative quantity'),
               "x": ("NamespaceNotOurs", "not managed by cnpa-op")}
     for name, (reason, text) in expect.items():
         [ev] = wait_for(lambda n=name, r=reason: _event(lab, n, r), timeout=30,
@@ -50,9 +57,13 @@ def test_bad_teamspaces_are_reported_others_unaffected_and_fixed_input_converges
     journal = lab.journal(since)
     for name, (_, text) in expect.items():
         assert f"TeamSpace {name}: " in journal and text in journal
-    # Not adopted, not modified; no status claiming what is not in place.
+    # Not adopted, not modified; no status claiming what is not in place, Ready False instead.
     assert lab.get("namespace", "team-x")["metadata"]["resourceVersion"] == foreign_rv
-    assert "status" not in lab.get(TS, "x")
+    for name, (reason, _) in expect.items():
+        status = lab.get(TS, name)["status"]
+        assert "observedGeneration" not in status
+        assert [(c["type"], c["status"], c["reason"]) for c in status["conditions"]] == \
+            [("Ready", "False", reason)]
     # The errors persist pass after pass, but each is recorded once (bounded Events).
     time.sleep(7)
     for name, (reason, _) in expect.items():
@@ -87,7 +98,7 @@ def test_junk_quota_is_set_back_and_the_revert_is_recorded(lab, report):
     t0 = time.monotonic()
     lab.wait_converged("alpha", timeout=60)
     report["junk_quota_reverted_s"] = round(time.monotonic() - t0, 1)
-    wait_for(lambda: "TeamSpace alpha: quota team-quota in team-alpha was" in lab.journal(since),
+    wait_for(lambda: "teamspace alpha: quota team-quota set back to" in lab.journal(since),
              timeout=15, what="the revert in the journal")
     evs = wait_for(lambda: _event(lab, "alpha", "QuotaReverted"), timeout=15, what="QuotaReverted Event")
     assert any("1Ti" in e["message"] for e in evs)

@@ -252,7 +252,9 @@ def test_delete_and_recreate_while_old_namespace_terminates(lab, report):
              timeout=30, what="NamespaceTerminating Event")
     ns = lab.get("namespace", "team-phoenix")
     assert [r["uid"] for r in ns["metadata"]["ownerReferences"]] == [old_uid]  # not adopted
-    assert "status" not in lab.get(TS, "phoenix")
+    status = lab.get(TS, "phoenix").get("status", {})
+    assert "observedGeneration" not in status  # never claims what is not in place
+    assert [(c["status"], c["reason"]) for c in status["conditions"]] == [("False", "NamespaceTerminating")]
     t0 = time.monotonic()
     lab.kubectl("patch", "configmap", "hold", "-n", "team-phoenix", "--type", "json",
                 "-p", '[{"op":"remove","path":"/metadata/finalizers"}]')
