@@ -61,6 +61,9 @@ readonly TEAMSPACES="teamspaces.v1alpha1.$GROUP"
 readonly LABEL="$GROUP/teamspace"
 readonly QUOTA=team-quota
 readonly MANAGED_BY="app.kubernetes.io/managed-by=cnpa-op"
+# Event reasons of failures only the executor sees (the plan's are constants in cnpa_plan.py,
+# which carries them in each planned write). CONFLICT is never an Event: it is routine.
+readonly NAMESPACE_NOT_OURS=NamespaceNotOurs ARCHIVE_FAILED=ArchiveFailed CONFLICT=Conflict
 
 # Scratch files of the pass (lists, plan, results, queued Events), removed on exit.
 WORK=""
@@ -97,7 +100,7 @@ fail() {
   IFS=$'\t' read -r name uid step < <(jq -r '[.teamspace, .uid, .step] | @tsv' <<<"$row")
   printf '%s\n' "$name" >>"$WORK/failed"
   log "TeamSpace $name: $msg"
-  if [[ $reason == Conflict ]]; then
+  if [[ $reason == "$CONFLICT" ]]; then
     return
   fi
   event "$name" "$uid" Warning "$reason" "$msg"
@@ -214,10 +217,10 @@ failed_write() {
   local row=$1 err=$2 step op name
   IFS=$'\t' read -r step op name < <(jq -r '[.step, .op, .teamspace] | @tsv' <<<"$row")
   if is_conflict "$err"; then
-    fail "$row" Conflict "$step $op conflicted with another write (${err:-no message}); retrying on the next pass"
+    fail "$row" "$CONFLICT" "$step $op conflicted with another write (${err:-no message}); retrying on the next pass"
   elif [[ $step == namespace && $op == create && $err == *AlreadyExists* ]]; then
     # The list sees only namespaces with our label: this one is somebody else's.
-    fail "$row" NamespaceNotOurs "namespace team-$name already exists and is not managed by cnpa-op (no $LABEL=$name label); not adopting or modifying it - delete or rename it"
+    fail "$row" "$NAMESPACE_NOT_OURS" "namespace team-$name already exists and is not managed by cnpa-op (no $LABEL=$name label); not adopting or modifying it - delete or rename it"
   else
     fail "$row" "${step^}${op^}Failed" "$step $op failed: ${err:-kubectl gave no message}; retrying on the next pass"
   fi
@@ -240,7 +243,7 @@ archive_step() {
   while IFS= read -r row; do
     IFS=$'\t' read -r name uid < <(jq -r '[.teamspace, .uid] | @tsv' <<<"$row")
     if ((ARCHIVE_BROKEN)); then
-      fail "$row" ArchiveFailed "archive directory $ARCHIVE_DIR is missing or was replaced while cnpa-op runs; keeping the finalizer until the service restarts (deletion waits)"
+      fail "$row" "$ARCHIVE_FAILED" "archive directory $ARCHIVE_DIR is missing or was replaced while cnpa-op runs; keeping the finalizer until the service restarts (deletion waits)"
       continue
     fi
     record=$(jq -c '.record' <<<"$row")
@@ -257,7 +260,7 @@ archive_step() {
         keep="$ARCHIVE_DIR/$name.$old.json"
         ((${#name} <= 200)) || keep="$ARCHIVE_DIR/$old.json"
         if [[ ! -e $keep ]] && ! { cp -- "$file" "$keep" && sync -- "$keep"; }; then
-          fail "$row" ArchiveFailed "cannot keep the earlier record of $name as $keep; keeping the finalizer, deletion waits"
+          fail "$row" "$ARCHIVE_FAILED" "cannot keep the earlier record of $name as $keep; keeping the finalizer, deletion waits"
           continue
         fi
       fi
@@ -268,7 +271,7 @@ archive_step() {
       say "$name" "archived to $file"
     else
       rm -f -- "${tmp:-}"
-      fail "$row" ArchiveFailed "cannot write $file; keeping the finalizer, deletion waits"
+      fail "$row" "$ARCHIVE_FAILED" "cannot write $file; keeping the finalizer, deletion waits"
     fi
   done <"$WORK/rows"
 }
