@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
+import base64
+import json
 import re
+import subprocess
 import time
 
-from faultlib import SA_KUBECONFIG, SA_USER, TS, wait_for
+from faultlib import FIN, GROUP, LABEL, SA_KUBECONFIG, SA_USER, TS, wait_for
+from hostlib import ROOT
+
+TOKEN_FILE = "/etc/cnpa-op/token"
+ADMIN_KUBECONFIG = "/etc/rancher/k3s/k3s.yaml"
 
 
 def can_i(lab, *args: str) -> bool:
@@ -31,15 +38,19 @@ def test_service_uses_its_own_serviceaccount(lab):
 
 def test_identity_holds_only_what_the_code_calls(lab):
     status = "--subresource=status"  # (TS/status would name a TeamSpace called "status")
-    allowed = [("list", TS), ("patch", TS), ("update", TS, status), ("create", "namespaces"),
-               ("patch", "namespaces"), ("list", "resourcequotas", "-A"),
+    allowed = [("list", TS), ("patch", TS), ("update", TS, status), ("list", "namespaces"),
+               ("create", "namespaces"), ("patch", "namespaces"), ("list", "resourcequotas", "-A"),
                ("create", "resourcequotas", "-n", "team-alpha"),
-               ("update", "resourcequotas", "-n", "team-alpha"), ("create", "events", "-n", "default")]
+               ("patch", "resourcequotas", "-n", "team-alpha"),
+               ("list", "events", "-n", "default"), ("create", "events", "-n", "default")]
     denied = [("get", "secrets", "-A"), ("list", "secrets", "-n", "cnpa-system"),
-              ("delete", "namespaces"), ("delete", TS), ("create", TS), ("update", TS), ("get", TS),
-              ("patch", TS, status), ("patch", "resourcequotas", "-n", "team-alpha"),
+              ("get", "namespaces"), ("update", "namespaces"), ("delete", "namespaces"),
+              ("delete", TS), ("create", TS), ("update", TS), ("get", TS), ("patch", TS, status),
+              ("get", "resourcequotas", "-n", "team-alpha"),
+              ("update", "resourcequotas", "-n", "team-alpha"),
               ("delete", "resourcequotas", "-n", "team-alpha"), ("create", "events", "-n", "kube-system"),
               ("create", "pods", "-n", "team-alpha"), ("get", "configmaps", "-n", "kube-system"),
+              ("create", "serviceaccounts/token", "-n", "cnpa-system"),
               ("create", "clusterrolebindings"), ("impersonate", "users"), ("*", "*")]
     assert [a for a in allowed if not can_i(lab, *a)] == []
     assert [d for d in denied if can_i(lab, *d)] == []
@@ -48,6 +59,185 @@ def test_identity_holds_only_what_the_code_calls(lab):
         proc = lab.kubectl("--kubeconfig", SA_KUBECONFIG, *args, check=False)
         assert proc.returncode != 0 and "forbidden" in proc.stderr.lower(), proc.stderr
     assert lab.exists("namespace", "team-alpha")
+
+
+# -- what the verbs it holds may touch (ValidatingAdmissionPolicy) ----------------------------
+def stub(kind: str, name: str, namespace: str | None = None, api: str = "v1") -> str:
+    """What `kubectl patch -f -` needs to address an object (as reconcile.sh sends its patches)."""
+    meta = {"name": name} | ({"namespace": namespace} if namespace else {})
+    return json.dumps({"apiVersion": api, "kind": kind, "metadata": meta})
+
+
+def as_controller(lab, *args: str, input_text: str | None = None):
+    """A write as the controller's ServiceAccount, server-side dry run: admission runs in full,
+    nothing is stored (on a host without the policy a real write would delete the victim)."""
+    return lab.kubectl("--kubeconfig", SA_KUBECONFIG, *args, "--dry-run=server",
+                       input_text=input_text, check=False)
+
+
+def owner(name: str, uid: str = "00000000-0000-4000-8000-000000000001") -> dict:
+    return {"apiVersion": f"{GROUP}/v1alpha1", "kind": "TeamSpace", "name": name, "uid": uid,
+            "controller": True, "blockOwnerDeletion": True}
+
+
+def denied_by_policy(proc) -> bool:
+    return proc.returncode != 0 and "ValidatingAdmissionPolicy" in proc.stderr and "denied" in proc.stderr
+
+
+def test_identity_cannot_delete_or_relabel_namespaces_it_does_not_own(lab):
+    lab.kubectl("create", "namespace", "victim", check=False)
+    lab.kubectl("create", "namespace", "team-victim", check=False)  # a team- name, not labelled
+    attempts = {
+        # An ownerReference to an owner that does not exist: the garbage collector would delete it.
+        "victim ownerReference": ("victim", {"metadata": {"ownerReferences": [owner("victim")]}}),
+        "kube-node-lease ownerReference":
+            ("kube-node-lease", {"metadata": {"ownerReferences": [owner("lease")]}}),
+        "victim relabelled": ("victim", {"metadata": {"labels": {
+            "pod-security.kubernetes.io/enforce": "privileged"}}}),
+        "team-victim taken over": ("team-victim", {"metadata": {
+            "labels": {LABEL: "victim"}, "ownerReferences": [owner("victim")]}}),
+        "team-alpha Pod Security relabelled": ("team-alpha", {"metadata": {"labels": {
+            "pod-security.kubernetes.io/enforce": "privileged"}}}),
+        "team-alpha annotated": ("team-alpha", {"metadata": {"annotations": {"x": "y"}}}),
+        "team-alpha given to another TeamSpace": ("team-alpha", {"metadata": {
+            "ownerReferences": [owner("beta")]}}),
+    }
+    allowed = [name for name, (ns, patch) in attempts.items()
+               if not denied_by_policy(as_controller(lab, "patch", "-f", "-", "--type", "merge",
+                                                     "-p", json.dumps(patch),
+                                                     input_text=stub("Namespace", ns)))]
+    assert allowed == []
+    evil = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "evil"}}
+    assert denied_by_policy(as_controller(lab, "create", "-f", "-", input_text=json.dumps(evil)))
+    privileged = {"apiVersion": "v1", "kind": "Namespace", "metadata": {
+        "name": "team-newone", "ownerReferences": [owner("newone")],
+        "labels": {LABEL: "newone", "pod-security.kubernetes.io/enforce": "privileged"}}}
+    assert denied_by_policy(as_controller(lab, "create", "-f", "-", input_text=json.dumps(privileged)))
+    # What the controller does is still allowed: a namespace of its own, its ownerReference back.
+    ours = {"apiVersion": "v1", "kind": "Namespace", "metadata": {
+        "name": "team-newone", "labels": {LABEL: "newone"}, "ownerReferences": [owner("newone")]}}
+    proc = as_controller(lab, "create", "-f", "-", input_text=json.dumps(ours))
+    assert proc.returncode == 0, proc.stderr
+    alpha_uid = lab.get(TS, "alpha")["metadata"]["uid"]
+    proc = as_controller(lab, "patch", "-f", "-", "--type", "merge", "-p",
+                         json.dumps({"metadata": {"ownerReferences": [owner("alpha", alpha_uid)]}}),
+                         input_text=stub("Namespace", "team-alpha"))
+    assert proc.returncode == 0, proc.stderr
+    # The policy binds the controller only: an admin may still do all of it.
+    lab.kubectl("label", "namespace", "victim", "pod-security.kubernetes.io/enforce=baseline",
+                "--dry-run=server")
+    for ns in ("victim", "kube-node-lease", "team-victim"):
+        assert not lab.get("namespace", ns)["metadata"].get("ownerReferences")
+    lab.kubectl("delete", "namespace", "victim", "team-victim", "--wait=false")
+
+
+def test_identity_writes_quotas_only_as_team_quota_in_its_namespaces(lab):
+    quota = {"apiVersion": "v1", "kind": "ResourceQuota",
+             "metadata": {"name": "team-quota", "namespace": "kube-system"},
+             "spec": {"hard": {"pods": "0"}}}
+    assert denied_by_policy(as_controller(lab, "create", "-f", "-", input_text=json.dumps(quota)))
+    other = quota | {"metadata": {"name": "other", "namespace": "team-alpha"}}
+    assert denied_by_policy(as_controller(lab, "create", "-f", "-", input_text=json.dumps(other)))
+    # A limit that is not its own (scopes the API server refuses to change by itself).
+    proc = as_controller(lab, "patch", "-f", "-", "--type", "merge",
+                         "-p", json.dumps({"spec": {"hard": {"requests.memory": "1Ti"}}}),
+                         input_text=stub("ResourceQuota", "team-quota", "team-alpha"))
+    assert denied_by_policy(proc), proc.stderr
+    # Setting the limits back is what it does: allowed.
+    proc = as_controller(lab, "patch", "-f", "-", "--type", "merge", "-p",
+                         json.dumps({"spec": {"hard": {"pods": "4", "requests.cpu": "1"}}}),
+                         input_text=stub("ResourceQuota", "team-quota", "team-alpha"))
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_identity_changes_only_its_finalizer_on_teamspaces(lab):
+    ts = stub("TeamSpace", "alpha", api=f"{GROUP}/v1alpha1")
+    for kind, patch in [("merge", {"spec": {"pods": 50}}),
+                        ("merge", {"metadata": {"labels": {"x": "y"}}}),
+                        ("merge", {"metadata": {"ownerReferences": [owner("alpha")]}}),
+                        ("json", [{"op": "add", "path": "/metadata/finalizers/-", "value": "evil/hold"}])]:
+        proc = as_controller(lab, "patch", "-f", "-", "--type", kind, "-p", json.dumps(patch),
+                             input_text=ts)
+        assert denied_by_policy(proc), (patch, proc.stderr)
+    # Its own finalizer, added and removed: allowed.
+    lab.wait_converged("alpha")
+    at = lab.get(TS, "alpha")["metadata"]["finalizers"].index(FIN)
+    for patch in ([{"op": "add", "path": "/metadata/finalizers/-", "value": FIN}],
+                  [{"op": "remove", "path": f"/metadata/finalizers/{at}"}]):
+        proc = as_controller(lab, "patch", "-f", "-", "--type", "json", "-p", json.dumps(patch),
+                             input_text=ts)
+        assert proc.returncode == 0, proc.stderr
+
+
+# -- its token ---------------------------------------------------------------------------------
+def jwt_claims(token: str) -> dict:
+    payload = token.split(".")[1]
+    return json.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)))
+
+
+def test_token_expires_and_is_renewed(lab):
+    kubeconfig = lab.sh(f"cat {SA_KUBECONFIG}").stdout
+    assert f"tokenFile: {TOKEN_FILE}" in kubeconfig and "token:" not in kubeconfig
+    assert lab.sh(f"stat -c %a {TOKEN_FILE}").stdout.strip() == "600"
+    token = lab.sh(f"cat {TOKEN_FILE}").stdout.strip()
+    claims = jwt_claims(token)
+    now = time.time()
+    assert claims["sub"] == SA_USER
+    assert now < claims["exp"] <= now + 24 * 3600 + 60, claims
+    # No token that never expires: no service-account-token Secret for it.
+    secrets = lab.get("secrets", "-n", "cnpa-system")["items"]
+    assert [s["metadata"]["name"] for s in secrets
+            if s["type"] == "kubernetes.io/service-account-token"] == []
+    assert "cnpa-op-token.timer" in lab.sh("systemctl list-timers --no-pager").stdout
+    # The timer's unit renews it; the controller goes on with the new one.
+    time.sleep(1.1)  # a new iat
+    lab.sh("systemctl start cnpa-op-token.service")
+    renewed = lab.sh(f"cat {TOKEN_FILE}").stdout.strip()
+    assert renewed != token and jwt_claims(renewed)["iat"] > claims["iat"]
+    assert lab.sh(f"stat -c %a {TOKEN_FILE}").stdout.strip() == "600"
+    assert can_i(lab, "list", TS)
+    lab.kubectl("patch", TS, "alpha", "--type", "merge", "-p", '{"spec":{"pods":6}}')
+    lab.wait_converged("alpha")
+    lab.kubectl("patch", TS, "alpha", "--type", "merge", "-p", '{"spec":{"pods":4}}')
+    lab.wait_converged("alpha")
+
+
+# -- what the sandbox can read ---------------------------------------------------------------
+def test_sandbox_cannot_read_admin_credentials(lab):
+    pid = lab.service("MainPID")
+    # As the service runs: root without any capability, in its mount namespace.
+    nocaps = f"nsenter -t {pid} -m -- setpriv --bounding-set=-all --inh-caps=-all --"
+    for path in (ADMIN_KUBECONFIG, "/etc/kubernetes/pki/ca.key", "/etc/kubernetes/pki/sa.key"):
+        proc = lab.sh(f"{nocaps} cat {path}", check=False)
+        assert proc.returncode != 0 and "PRIVATE KEY" not in proc.stdout \
+            and "client-key-data" not in proc.stdout, (path, proc.stdout[:200])
+    # Not even root with every capability in that namespace finds them: the paths are masked.
+    proc = lab.sh(f"nsenter -t {pid} -m -- sh -c 'cat {ADMIN_KUBECONFIG}; ls /etc/kubernetes/pki'",
+                  check=False)
+    assert "client-key-data" not in proc.stdout and "ca.key" not in proc.stdout, proc.stdout[:200]
+    # What it needs is there.
+    proc = lab.sh(f"{nocaps} sh -c 'cat {SA_KUBECONFIG} {TOKEN_FILE} >/dev/null && echo readable'")
+    assert "readable" in proc.stdout
+    assert lab.service("Environment").count("CNPA_LOCK_FILE=/run/cnpa-op/pass.lock") == 1
+
+
+def test_install_output_shows_no_key_or_token(lab):
+    """`ansible-playbook -v` of the install prints no client key, admin kubeconfig or token."""
+    proc = subprocess.run([str(ROOT / ".venv" / "bin" / "ansible-playbook"), "-v", "-i", lab.inventory,
+                           str(ROOT / "tests" / "faults" / "install.yml")],
+                          cwd=ROOT, capture_output=True, text=True, timeout=600, check=False)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-3000:]
+    admin = lab.sh(f"cat {ADMIN_KUBECONFIG}").stdout
+    key = re.search(r"client-key-data: (\S+)", admin)[1]
+    # The controller's token, wherever this version of the role keeps it (a file, or a Secret).
+    token = lab.sh(f"cat {TOKEN_FILE} 2>/dev/null || kubectl get secret -n cnpa-system cnpa-op-token"
+                   " -o jsonpath='{.data.token}' | base64 -d", check=False).stdout.strip()
+    assert token.startswith("eyJ"), "no token found to look for"
+    leaks = {"client-key-data": "client-key-data" in out, "client key": key[:40] in out,
+             "admin kubeconfig (base64)": base64.b64encode(admin.encode()).decode()[:60] in out,
+             "token": token[-40:] in out, "a JWT": "eyJhbGciOi" in out}
+    assert [what for what, leaked in leaks.items() if leaked] == []
 
 
 def test_unit_is_sandboxed_and_the_job_still_works(lab, report):
