@@ -33,7 +33,8 @@ VENV = ROOT / ".venv"
 BIN = VENV / "bin"
 # The test host's build needs (Go, rsync, ...) are installed by testhost itself when it builds.
 TESTHOST_PACKAGES = ["openssh-client", "debootstrap", "systemd-container"]
-TEST_PACKAGES = ["shellcheck", *TESTHOST_PACKAGES]
+# strace: tests/faults/test_trust.py checks that an archive record is flushed before its finalizer goes.
+TEST_PACKAGES = ["shellcheck", "strace", *TESTHOST_PACKAGES]
 K3S_KUBECONFIG = Path("/etc/rancher/k3s/k3s.yaml")
 LAB_HOST = "lab"
 
