@@ -361,10 +361,17 @@ def plan(teamspace: dict, namespace: dict | None, quota: dict | None, now: str) 
     else:
         have = (quota.get("spec") or {}).get("hard") or {}
         if not quota_matches(have, hard):
-            # A merge patch of the limits alone, without a resourceVersion: quota admission
-            # updates this object's status on every pod create, and a guarded write would lose
-            # to it every time. Limits that are not ours are removed (null).
-            body = {"spec": {"hard": {**{k: None for k in have if k not in hard}, **hard}}}
+            # The quota as read with exactly the desired limits, replaced WITHOUT its
+            # resourceVersion (an unconditional update; its uid still guards against replacing
+            # a quota recreated meanwhile): quota admission updates this object's status on every
+            # pod create, and a write guarded by the resourceVersion lost to it every time. Not a
+            # patch: patches differ per quota and kubectl sends one body per process, where one
+            # replace carries any number of quotas (a spec change of 50 TeamSpaces: 8.3 s as
+            # patches, about 1.5 s as one replace).
+            body = {k: v for k, v in quota.items() if k != "status"}
+            body["metadata"] = {k: v for k, v in quota["metadata"].items()
+                                if k not in ("managedFields", "resourceVersion")}
+            body["spec"] = {**(quota.get("spec") or {}), "hard": hard}
             # With the spec as last reconciled, a difference is an edit of the quota: a revert.
             revert = status.get("observedGeneration") == meta.get("generation")
             shown = json.dumps(hard, separators=(",", ":"))
@@ -376,10 +383,10 @@ def plan(teamspace: dict, namespace: dict | None, quota: dict | None, now: str) 
             else:
                 says = f"quota {QUOTA} set to {shown} (generation {meta.get('generation')})"
                 event = None
-            writes.append(_write(teamspace, "quota", "patch", says,
-                                 key=f"ResourceQuota/{ns_name}/{QUOTA}", verb="patch",
-                                 patch_type="merge", obj=_ref("ResourceQuota", QUOTA, ns_name),
-                                 patch=body, event=event))
+            writes.append(_write(teamspace, "quota", "replace", says,
+                                 key=f"ResourceQuota/{ns_name}/{QUOTA}", verb="replace",
+                                 obj={"apiVersion": "v1", "kind": "ResourceQuota", **body},
+                                 event=event))
 
     # Status last: it is reached only when every write above succeeded, so observedGeneration
     # never claims a generation whose namespace and quota are not in place.

@@ -176,7 +176,12 @@ def replace(state: dict, obj: dict, sub: str | None) -> dict:
     if key not in store:
         raise Failed(f'error when replacing "STDIN": {resource} "{name}" not found')
     old = store[key]
-    if obj["metadata"].get("resourceVersion") != old["metadata"]["resourceVersion"]:
+    # No resourceVersion: an unconditional update (the uid, when given, must still match).
+    if obj["metadata"].get("uid") not in (None, old["metadata"].get("uid")):
+        raise Failed(f'(Conflict): error when replacing "STDIN": Operation cannot be fulfilled on '
+                     f'{resource} "{name}": Precondition failed: UID in precondition')
+    if "resourceVersion" in obj["metadata"] and \
+            obj["metadata"]["resourceVersion"] != old["metadata"]["resourceVersion"]:
         raise Failed(f'(Conflict): error when replacing "STDIN": Operation cannot be fulfilled on '
                      f'{resource} "{name}": the object has been modified; please apply your '
                      "changes to the latest version and try again")

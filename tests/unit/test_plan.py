@@ -90,11 +90,13 @@ def test_deletion_is_archived_whoever_holds_it():
         ("archive", {"name": "a", "uid": "u", "pods": 4})]
 
 
-def test_quota_drift_is_a_merge_patch_without_resource_version():
+def test_quota_drift_is_an_unconditional_replace():
     drifted = quota(pods="9", secrets="1", **{"requests.cpu": "1"})
+    drifted["metadata"].update(resourceVersion="7", uid="q-uid")
     [w] = p.plan(ts(status=converged_status()), ns(), drifted, NOW)
-    assert (w["verb"], w["patch_type"]) == ("patch", "merge")
-    assert w["patch"] == {"spec": {"hard": {"secrets": None, "pods": "4", "requests.cpu": "1"}}}
+    assert w["verb"] == "replace" and "resourceVersion" not in w["object"]["metadata"]
+    assert w["object"]["metadata"]["uid"] == "q-uid"  # a recreated quota is not replaced
+    assert w["object"]["spec"] == {"hard": {"pods": "4", "requests.cpu": "1"}}
     assert w["event"]["reason"] == p.QUOTA_REVERTED
 
 
