@@ -18,6 +18,7 @@ import copy
 import json
 import os
 import sys
+from urllib.parse import parse_qs, urlsplit
 
 TS = "teamspaces.v1alpha1.platform.labhub.io"
 
@@ -233,8 +234,24 @@ def where_kind(obj: dict, args: list) -> str:
     return positional(args[1:])[0]
 
 
+RAW = {"/apis/platform.labhub.io/v1alpha1/teamspaces": TS, "/api/v1/namespaces": "namespaces",
+       "/api/v1/resourcequotas": "resourcequotas"}
+
+
+def raw_to_get(args: list) -> list:
+    """`get --raw PATH?QUERY` (how reconcile.sh lists) as the `get TYPE -l LABEL` it stands for."""
+    url = urlsplit(opt(args, "--raw"))
+    query = parse_qs(url.query)
+    out = ["get", RAW[url.path], "-o", "json"]
+    if "labelSelector" in query:
+        out += ["-l", query["labelSelector"][0]]
+    return out
+
+
 def main(argv: list) -> None:
     args = [a for a in argv if not a.startswith("--request-timeout")]
+    if args[:1] == ["get"] and opt(args, "--raw"):
+        args = raw_to_get(args)
     if os.environ.get("FAKE_KUBE_DOWN") == "1":
         fail("The connection to the server 127.0.0.1:6443 was refused", 1)
     if os.environ.get("FAKE_KUBE_CALLS"):

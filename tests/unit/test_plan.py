@@ -90,14 +90,16 @@ def test_deletion_is_archived_whoever_holds_it():
         ("archive", {"name": "a", "uid": "u", "pods": 4})]
 
 
-def test_quota_drift_is_an_unconditional_replace():
+def test_quota_drift_is_a_guarded_replace_with_an_unguarded_patch_to_fall_back_on():
     drifted = quota(pods="9", secrets="1", **{"requests.cpu": "1"})
-    drifted["metadata"].update(resourceVersion="7", uid="q-uid")
+    drifted["metadata"]["resourceVersion"] = "7"
     [w] = p.plan(ts(status=converged_status()), ns(), drifted, NOW)
-    assert w["verb"] == "replace" and "resourceVersion" not in w["object"]["metadata"]
-    assert w["object"]["metadata"]["uid"] == "q-uid"  # a recreated quota is not replaced
+    assert w["verb"] == "replace" and w["object"]["metadata"]["resourceVersion"] == "7"
     assert w["object"]["spec"] == {"hard": {"pods": "4", "requests.cpu": "1"}}
     assert w["event"]["reason"] == p.QUOTA_REVERTED
+    fb = w["fallback"]
+    assert (fb["verb"], fb["patch_type"]) == ("patch", "merge")
+    assert fb["patch"] == {"spec": {"hard": {"secrets": None, "pods": "4", "requests.cpu": "1"}}}
 
 
 def test_every_write_names_its_step_and_target():

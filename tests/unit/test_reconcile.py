@@ -556,7 +556,7 @@ def test_a_labelled_namespace_not_made_for_the_teamspace_is_not_adopted(tmp_path
     assert [e["reason"] for e in c.state["events"].values()] == ["NamespaceNotOurs"]
 
 
-def test_a_quota_is_set_back_by_a_replace_without_a_version_guard(tmp_path):
+def test_a_quota_that_loses_its_guarded_replace_is_set_back_by_an_unguarded_patch(tmp_path):
     c = Cluster(tmp_path, [teamspace("a", "u", pods=4)])
     c.run()
     st = c.state
