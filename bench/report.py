@@ -235,7 +235,7 @@ def write_report(results: dict, docs: Path, command: str) -> None:
         "`reconcile.sh` and `cnpa-op.service` from this repository (unit rendered from",
         "`roles/cnpa_controller`) and measures three controllers doing the same job on the same host:",
         "",
-        "- **reconcile.sh**: the project's controller (3 lists, one jq diff, writes only what differs,",
+        "- **reconcile.sh**: the project's controller (3 lists, one plan (cnpa_plan.py), writes only what differs,",
         "  writes of one kind from one kubectl process);",
         "- **naive**: `bench/naive_reconcile.sh`, written for the benchmark: gets and applies each",
         "  object separately (one kubectl per object) every pass, in the same unit (loop, sleep 3);",
