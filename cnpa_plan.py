@@ -144,13 +144,6 @@ def _ref(kind: str, name: str, namespace: str = "", api_version: str = "v1") -> 
     return {"apiVersion": api_version, "kind": kind, "metadata": meta}
 
 
-def object_key(obj: dict) -> str:
-    """How the executor matches an object kubectl returns to the write that sent it."""
-    meta = obj.get("metadata") or {}
-    parts = [obj.get("kind", ""), meta.get("namespace", ""), meta.get("name", "")]
-    return "/".join(p for p in parts if p)
-
-
 def _finalizer_writes(teamspace: dict) -> list:
     name = teamspace["metadata"]["name"]
     ts_key = f"TeamSpace/{name}"
@@ -293,12 +286,29 @@ def _status_write(teamspace: dict, status: dict, says: str, *, fill_namespace_ui
     return [w]
 
 
+def _other_conditions(teamspace: dict) -> list:
+    """The status's conditions other than Ready (kept as they are)."""
+    return [c for c in (teamspace.get("status") or {}).get("conditions") or []
+            if isinstance(c, dict) and c.get("type") != "Ready"]
+
+
+def _not_ready(teamspace: dict, reason: str, message: str, now: str) -> list:
+    """The status write (if it changes anything) that says Ready False for this reason."""
+    status = dict(teamspace.get("status") or {})
+    status["conditions"] = [*_other_conditions(teamspace), _ready(teamspace, False, reason, message, now)]
+    return _status_write(teamspace, status, f"status written (Ready False, {reason})")
+
+
+def _reported(teamspace: dict, reason: str, message: str, now: str) -> list:
+    """A problem no write can fix: logged and recorded as a Warning Event, and Ready False."""
+    return [_write(teamspace, "problem", "report", message,
+                   event={"type": "Warning", "reason": reason, "message": message}),
+            *_not_ready(teamspace, reason, message, now)]
+
+
 def failed_status(teamspace: dict, reason: str, message: str, now: str) -> list:
     """After a write failed for a reason the TeamSpace's owner should see: Ready False."""
-    status = dict(teamspace.get("status") or {})
-    others = [c for c in status.get("conditions") or [] if isinstance(c, dict) and c.get("type") != "Ready"]
-    status["conditions"] = [*others, _ready(teamspace, False, reason, message[:1024], now)]
-    return _status_write(teamspace, status, f"status written (Ready False, {reason})")
+    return _not_ready(teamspace, reason, message[:1024], now)
 
 
 def plan(teamspace: dict, namespace: dict | None, quota: dict | None, now: str) -> list:
@@ -311,16 +321,9 @@ def plan(teamspace: dict, namespace: dict | None, quota: dict | None, now: str) 
     # Our finalizer first and on every live TeamSpace, valid or not: its deletion must wait for
     # the archive record whatever else is wrong with it.
     writes = _finalizer_writes(teamspace)
-    status = dict(teamspace.get("status") or {})
-    conditions = [c for c in status.get("conditions") or []
-                  if isinstance(c, dict) and c.get("type") != "Ready"]
     problem = _problem(teamspace, namespace, quota)
     if problem is not None and problem[0] != QUOTA_SCOPED:
-        reason, message = problem
-        writes.append(_write(teamspace, "problem", "report", message,
-                             event={"type": "Warning", "reason": reason, "message": message}))
-        status["conditions"] = [*conditions, _ready(teamspace, False, reason, message, now)]
-        return writes + _status_write(teamspace, status, f"status written (Ready False, {reason})")
+        return writes + _reported(teamspace, *problem, now)
 
     if namespace is None:
         writes.append(_write(
@@ -345,11 +348,7 @@ def plan(teamspace: dict, namespace: dict | None, quota: dict | None, now: str) 
 
     hard = desired_hard(teamspace)
     if problem is not None:  # a scoped quota: immutable, and the controller may not delete
-        reason, message = problem
-        writes.append(_write(teamspace, "problem", "report", message,
-                             event={"type": "Warning", "reason": reason, "message": message}))
-        status["conditions"] = [*conditions, _ready(teamspace, False, reason, message, now)]
-        return writes + _status_write(teamspace, status, f"status written (Ready False, {reason})")
+        return writes + _reported(teamspace, *problem, now)
     if quota is None:
         writes.append(_write(
             teamspace, "quota", "create",
@@ -375,7 +374,7 @@ def plan(teamspace: dict, namespace: dict | None, quota: dict | None, now: str) 
                         "patch": {"spec": {"hard": {**dict.fromkeys(k for k in have if k not in hard),
                                                     **hard}}}}
             # With the spec as last reconciled, a difference is an edit of the quota: a revert.
-            revert = status.get("observedGeneration") == meta.get("generation")
+            revert = (teamspace.get("status") or {}).get("observedGeneration") == meta.get("generation")
             shown = json.dumps(hard, separators=(",", ":"))
             was = json.dumps(have, separators=(",", ":"), sort_keys=True)
             if revert:
@@ -393,11 +392,12 @@ def plan(teamspace: dict, namespace: dict | None, quota: dict | None, now: str) 
 
     # Status last: it is reached only when every write above succeeded, so observedGeneration
     # never claims a generation whose namespace and quota are not in place.
-    status.update(observedGeneration=meta.get("generation"), namespace=ns_name)
+    status = {**(teamspace.get("status") or {}), "observedGeneration": meta.get("generation"),
+              "namespace": ns_name}
     if namespace is not None:
         status["namespaceUID"] = namespace["metadata"].get("uid")
     matched = f"namespace {ns_name} and quota {QUOTA} match the spec"
-    status["conditions"] = [*conditions, _ready(teamspace, True, RECONCILED, matched, now)]
+    status["conditions"] = [*_other_conditions(teamspace), _ready(teamspace, True, RECONCILED, matched, now)]
     return writes + _status_write(
         teamspace, status, f"status written (observedGeneration {meta.get('generation')}, Ready True)",
         fill_namespace_uid=namespace is None)
@@ -422,11 +422,7 @@ def _items(path: str) -> list:
 
 def main(argv: list) -> int:
     """plan NOW TEAMSPACES NAMESPACES QUOTAS: the writes as JSON lines, in STEPS order.
-    failed NOW TEAMSPACES FAILURES: status writes for failures ("name<TAB>reason<TAB>message").
-    steps: the step names, one per line."""
-    if argv[:1] == ["steps"]:
-        print("\n".join(STEPS))
-        return 0
+    failed NOW TEAMSPACES FAILURES: status writes for failures ("name<TAB>reason<TAB>message")."""
     if len(argv) == 5 and argv[0] == "plan":
         writes = plan_all(_items(argv[2]), _items(argv[3]), _items(argv[4]), argv[1])
     elif len(argv) == 4 and argv[0] == "failed":
