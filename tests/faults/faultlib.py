@@ -146,7 +146,20 @@ def crd_without_bounds(lab: Lab):
     if ops:
         lab.kubectl("patch", "crd", TS, "--type", "json", "-p", json.dumps(ops))
     try:
+        # A CRD's new schema takes a moment to reach the handler: wait until it is in force.
+        wait_for(lambda: _server_accepts_unbounded(lab), timeout=30,
+                 what="the API server accepting a TeamSpace without the CRD's bounds")
         yield
     finally:
         lab.kubectl("apply", "-f", CRD_FILE)
         lab.kubectl("wait", "--for=condition=Established", "--timeout=60s", f"crd/{TS}")
+        wait_for(lambda: not _server_accepts_unbounded(lab), timeout=30,
+                 what="the CRD's bounds in force again")
+
+
+def _server_accepts_unbounded(lab: Lab) -> bool:
+    """Whether the API server would create a TeamSpace with a bad name and cpu (dry run)."""
+    probe = {"apiVersion": f"{GROUP}/v1alpha1", "kind": "TeamSpace",
+             "metadata": {"name": "bounds.probe"}, "spec": {"pods": 1, "cpu": "abc"}}
+    return lab.kubectl("create", "--dry-run=server", "--validate=false", "-f", "-",
+                       input_text=json.dumps(probe), check=False).returncode == 0
