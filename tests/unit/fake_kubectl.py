@@ -15,6 +15,7 @@ listed: another client writing between reconcile.sh's read and its writes.
 from __future__ import annotations
 
 import copy
+import fcntl
 import json
 import os
 import sys
@@ -325,4 +326,8 @@ def main(argv: list) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    # One fake call at a time: reconcile.sh sends large groups of writes from several kubectl
+    # processes at once, and each call reads, changes and saves the whole state.
+    with open(os.environ["FAKE_KUBE_STATE"] + ".lock", "a", encoding="utf-8") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        main(sys.argv[1:])

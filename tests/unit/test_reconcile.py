@@ -379,7 +379,7 @@ def test_finalizer_is_appended_without_a_version_guard_once_a_list_exists(tmp_pa
 def test_writes_of_one_kind_share_one_kubectl_process_whatever_the_number(tmp_path):
     c = Cluster(tmp_path, [teamspace(f"t{i}", f"u{i}", pods=i + 1) for i in range(25)]
                 + [teamspace("other", "uo", finalizers=["example.com/other"])])
-    res = c.run()
+    res = c.run(CNPA_WRITE_WORKERS="1")
     assert res.returncode == 0, res.stderr
     assert len(c.object_writes()) == 26 * 4
     assert len(res.stdout.splitlines()) == 26 * 4  # one line per write
@@ -391,6 +391,30 @@ def test_writes_of_one_kind_share_one_kubectl_process_whatever_the_number(tmp_pa
     assert all(t["metadata"]["finalizers"][-1] == FIN and t["status"]["observedGeneration"] == 1
                for t in c.state["teamspaces"].values())
     assert c.state["teamspaces"]["other"]["metadata"]["finalizers"] == ["example.com/other", FIN]
+
+
+def test_a_large_group_of_writes_goes_out_from_several_kubectl_processes_each_object_once(tmp_path):
+    c = Cluster(tmp_path, [teamspace(f"t{i}", f"u{i}", pods=i + 1) for i in range(60)])
+    res = c.run(CNPA_WRITE_WORKERS="2")
+    assert res.returncode == 0, res.stderr
+    assert len(c.object_writes()) == 60 * 4
+    assert sorted(res.stdout.splitlines()) == sorted(set(res.stdout.splitlines()))
+    # 60 writes of a kind, more than 25: two Lists of 30 (at most CNPA_WRITE_WORKERS at once).
+    assert sorted(c.calls()) == sorted([f"get {TS}", "get namespaces", "get resourcequotas",
+                                        *["patch", "create", "create", "replace"] * 2])
+    assert sorted(c.state["namespaces"]) == sorted(f"team-t{i}" for i in range(60))
+    assert all(c.state["quotas"][f"team-t{i}"]["spec"]["hard"]["pods"] == str(i + 1)
+               for i in range(60))
+    assert c.run().returncode == 0 and c.object_writes() == []
+
+
+@pytest.mark.parametrize("env", [{"CNPA_WRITE_WORKERS": "0"}, {"CNPA_WRITE_WORKERS": "x"},
+                                 {"CNPA_PASS_DEADLINE": "-1"}])
+def test_bad_settings_are_refused_before_anything_is_read(tmp_path, env):
+    c = Cluster(tmp_path, [teamspace("a", "u")])
+    res = c.run(**env)
+    assert res.returncode == 3 and "CNPA_" in res.stderr
+    assert not (tmp_path / "calls.log").exists()
 
 
 def test_a_finalizer_list_added_meanwhile_is_not_replaced(tmp_path):
