@@ -236,7 +236,7 @@ def write_report(results: dict, docs: Path, command: str) -> None:
         "`roles/cnpa_controller`) and measures three controllers doing the same job on the same host:",
         "",
         "- **reconcile.sh**: the project's controller (3 lists, one plan by cnpa_plan.py, writes only",
-        "  what differs, writes of one kind from one kubectl process);",
+        "  what differs, writes of one kind in one List, up to 4 kubectl processes for a large one);",
         "- **naive**: `bench/naive_reconcile.sh`, written for the benchmark: gets and applies each",
         "  object separately (one kubectl per object) every pass, in the same unit (loop, sleep 3);",
         "- **kopf**: `bench/kopf_peer.py`, an event-driven peer built with kopf (watches, no polling),",
