@@ -408,6 +408,19 @@ def test_a_large_group_of_writes_goes_out_from_several_kubectl_processes_each_ob
     assert c.run().returncode == 0 and c.object_writes() == []
 
 
+def test_a_failure_inside_one_of_several_lists_belongs_to_its_teamspace_alone(tmp_path):
+    foreign = {"metadata": {"name": "team-t17", "resourceVersion": "1"}}
+    c = Cluster(tmp_path, [teamspace(f"t{i}", f"u{i}") for i in range(60)], [foreign])
+    res = c.run(CNPA_WRITE_WORKERS="3")
+    assert res.returncode == 1
+    assert [line for line in res.stderr.splitlines() if line.startswith("reconcile: TeamSpace")] == [
+        "reconcile: TeamSpace t17: namespace team-t17 already exists and is not managed by cnpa-op"
+        f" (no {LABEL}=t17 label); not adopting or modifying it - delete or rename it"]
+    assert c.state["namespaces"]["team-t17"] == foreign
+    assert sorted(c.state["quotas"]) == sorted(f"team-t{i}" for i in range(60) if i != 17)
+    assert [e["reason"] for e in c.state["events"].values()] == ["NamespaceNotOurs"]
+
+
 @pytest.mark.parametrize("env", [{"CNPA_WRITE_WORKERS": "0"}, {"CNPA_WRITE_WORKERS": "x"},
                                  {"CNPA_PASS_DEADLINE": "-1"}])
 def test_bad_settings_are_refused_before_anything_is_read(tmp_path, env):
