@@ -99,7 +99,7 @@ def test_write_replaces_only_the_table_and_check_sees_staleness(tree):
     # A new option in a spec makes the table stale again.
     spec = root / "roles/user/meta/argument_specs.yml"
     spec.write_text(spec.read_text().replace(
-        "          stop:", "          main2:\n            options: {new_var: {type: int}}\n          stop:"))
+        "\n  stop:", "\n  main2:\n    options: {new_var: {type: int}}\n  stop:"))
     assert vd.current(doc) != vd.render(root)
     assert "| `new_var` | int | (none) |" in vd.render(root)
 
