@@ -43,8 +43,9 @@ VENV = ROOT / ".venv"
 BIN = VENV / "bin"
 # Only what the tests themselves call. The test host installs what it needs (debootstrap,
 # systemd-container, openssh-client) itself when it is created (testhost.common.apt_install).
+# jq: tests/unit/test_reconcile.py runs reconcile.sh here, and skips (proving nothing) without it.
 # strace: tests/faults/test_trust.py checks that an archive record is flushed before its finalizer goes.
-TEST_PACKAGES = ["shellcheck", "strace"]
+TEST_PACKAGES = ["jq", "shellcheck", "strace"]
 K3S_KUBECONFIG = Path("/etc/rancher/k3s/k3s.yaml")
 # CNPA_LAB_TESTHOST_NAME: another name for the lab's test host (e.g. beside one already running).
 LAB_HOST = os.environ.get("CNPA_LAB_TESTHOST_NAME") or "lab"
@@ -160,7 +161,7 @@ def lab(destroy: bool, reset: bool, extra: list[str]) -> int:
             sh([py, "-m", "testhost", "destroy", LAB_HOST])
         say(f"creating local test host {LAB_HOST!r} (the first time about 11 min on 2 cores: it "
             "builds the control plane from Go modules and a Debian rootfs, with a progress line "
-            "every 30 s; then 15-30 s)")
+            "every 30 s; with the cache 11-20 s)")
         if sh([py, "-m", "testhost", "create", LAB_HOST], stdout=subprocess.DEVNULL) != 0:
             return 1
     inventory = json.loads(subprocess.run([py, "-m", "testhost", "info", LAB_HOST], cwd=ROOT,

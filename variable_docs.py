@@ -228,6 +228,8 @@ def main(argv: list[str] | None = None) -> int:
         if stale:
             print(f"variable_docs: the table in {DOC.relative_to(ROOT)} is stale; run "
                   "`python3 dev.py docs`", file=sys.stderr)
+        else:
+            print(f"{DOC.relative_to(ROOT)}: table up to date")
         return 1 if stale or problems else 0
     changed = write()
     print(f"{DOC.relative_to(ROOT)}: {'table rewritten' if changed else 'table up to date'}")
