@@ -5,15 +5,20 @@
     python3 dev.py lab             the whole lab: on the k3s VM itself when this machine has
                                    /etc/rancher/k3s/k3s.yaml, else against a local throwaway
                                    test host (CNPA_LAB_TESTHOST=1 forces the test host)
+    python3 dev.py lab --reset     on the k3s VM: consent to reset the lab's own objects of an
+                                   earlier run without being asked (see lab_reset_args)
     python3 dev.py lab --destroy   remove that test host again
     python3 dev.py setup           only the set-up the others do first
     python3 dev.py lint            only the linters
+    python3 dev.py docs            rewrite docs/lab.md's variable table from the roles'
+                                   meta/argument_specs.yml (variable_docs.py; --check: only compare)
 
 Set-up: a virtualenv in .venv with requirements.lock (lab) or requirements-dev.lock (tests and
 linters), every package pinned with hashes; the `ansible` package bundles kubernetes.core, so no
 Ansible Galaxy is needed. Plus
-the Debian packages the command uses. It is re-done only when the requirements change.
-Needs root (the lab writes /root/cnpa-op; the test host needs debootstrap, systemd-nspawn).
+the Debian packages the command uses (the test host installs its own: testhost/). It is re-done
+only when the requirements change. Needs root (the lab writes /root/cnpa-op; the test host needs
+debootstrap, systemd-nspawn). What each command leaves on the machine: README.md, first box.
 """
 
 from __future__ import annotations
@@ -28,15 +33,24 @@ import sys
 import venv
 from pathlib import Path
 
+# The script's directory is on sys.path: the test host's helpers (standard library only).
+from testhost import progress
+from testhost.common import HostError
+from testhost.common import apt_install as testhost_apt_install
+
 ROOT = Path(__file__).resolve().parent
 VENV = ROOT / ".venv"
 BIN = VENV / "bin"
-# The test host's build needs (Go, rsync, ...) are installed by testhost itself when it builds.
-TESTHOST_PACKAGES = ["openssh-client", "debootstrap", "systemd-container"]
+# Only what the tests themselves call. The test host installs what it needs (debootstrap,
+# systemd-container, openssh-client) itself when it is created (testhost.common.apt_install).
+# jq: tests/unit/test_reconcile.py runs reconcile.sh here, and skips (proving nothing) without it.
 # strace: tests/faults/test_trust.py checks that an archive record is flushed before its finalizer goes.
-TEST_PACKAGES = ["shellcheck", "strace", *TESTHOST_PACKAGES]
+TEST_PACKAGES = ["jq", "shellcheck", "strace"]
 K3S_KUBECONFIG = Path("/etc/rancher/k3s/k3s.yaml")
-LAB_HOST = "lab"
+# CNPA_LAB_TESTHOST_NAME: another name for the lab's test host (e.g. beside one already running).
+LAB_HOST = os.environ.get("CNPA_LAB_TESTHOST_NAME") or "lab"
+RESET_QUESTION = ("this removes TeamSpaces alpha/beta, their namespaces and the lab's evidence; "
+                  "continue? [y/N] ")
 
 
 def say(msg: str) -> None:
@@ -50,17 +64,12 @@ def sh(cmd: list[str], **kw) -> int:
 
 
 def apt_install(packages: list[str]) -> None:
-    missing = [p for p in packages if subprocess.run(
-        ["dpkg-query", "-W", "-f=${Status}", p], capture_output=True, text=True,
-        check=False).stdout != "install ok installed"]
-    if not missing:
-        return
-    say(f"installing Debian packages: {' '.join(missing)}")
-    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
-    for cmd in (["apt-get", "update", "-qq"],
-                ["apt-get", "install", "-y", "-qq", "--no-install-recommends", *missing]):
-        if subprocess.run(cmd, env=env, check=False).returncode != 0:
-            sys.exit(f"dev.py: `{' '.join(cmd)}` failed (root and Debian's registry needed)")
+    """The test host's apt_install (one implementation), failing the way dev.py fails."""
+    try:
+        testhost_apt_install(packages)
+    except HostError as exc:
+        sys.exit(f"dev.py: {exc}\n(installing Debian packages needs root and Debian's package "
+                 "registry: docs/troubleshooting.md)")
 
 
 # What is installed: the lock files (every package pinned, with hashes) compiled from the
@@ -90,9 +99,12 @@ def setup(requirements: str = "requirements-dev.lock", packages: list[str] = TES
             shutil.rmtree(VENV)
             apt_install([f"python{sys.version_info.major}.{sys.version_info.minor}-venv"])
             venv.create(VENV, with_pip=True)
-    say(f"installing Python requirements ({requirements})")
-    if sh([str(BIN / "python"), "-m", "pip", "install", "-q", "--require-hashes", "--no-deps",
-           "-r", str(ROOT / requirements)]) != 0:
+    say(f"installing Python requirements ({requirements}; under 2 min the first time)")
+    # pip -q says nothing while it downloads and installs: a line every 30 s says it is alive.
+    proc = subprocess.Popen([str(BIN / "python"), "-m", "pip", "install", "-q", "--require-hashes",
+                             "--no-deps", "-r", str(ROOT / requirements)], cwd=ROOT)
+    progress.wait(proc, step="pip install", say=say)
+    if proc.returncode != 0:
         sys.exit("dev.py: pip install failed; see the output above")
     covered = [name for name, files in REQUIREMENTS.items()
                if set(files) <= set(REQUIREMENTS[requirements])]
@@ -110,28 +122,54 @@ def test(extra: list[str]) -> int:
                "tests/unit", "tests/lint", "tests/host", "tests/faults", "tests/molecule", *extra])
 
 
-def lab(destroy: bool, extra: list[str]) -> int:
+def lab_reset_args(*, own_testhost: bool, reset: bool, interactive: bool,
+                   ask=input) -> list[str] | None:
+    """The consent the lab's playbooks need to reset the lab's objects of an earlier run
+    (cnpa_lab_reset), or None when the user said no.
+
+    On dev.py's own throwaway test host nothing but the lab lives there: always given. On a real
+    k3s VM: given with --reset, else asked on a terminal; without a terminal (CI, a pipe) not
+    given, and the playbooks stop before touching anything if there is something to reset."""
+    if own_testhost or reset:
+        return ["-e", "cnpa_lab_reset=true"]
+    if not interactive:
+        return []
+    say("site.yml first resets what an earlier lab run left on this cluster, if anything")
+    try:
+        answer = ask(RESET_QUESTION)
+    except EOFError:
+        answer = ""
+    return ["-e", "cnpa_lab_reset=true"] if answer.strip().lower() in ("y", "yes") else None
+
+
+def lab(destroy: bool, reset: bool, extra: list[str]) -> int:
     py = str(BIN / "python")
     if destroy:
         return sh([py, "-m", "testhost", "destroy", LAB_HOST])
     if K3S_KUBECONFIG.exists() and os.environ.get("CNPA_LAB_TESTHOST") != "1":
+        consent = lab_reset_args(own_testhost=False, reset=reset,
+                                 interactive=sys.stdin.isatty() and sys.stdout.isatty())
+        if consent is None:
+            say("nothing changed (python3 dev.py lab --reset, or answer y, to go ahead)")
+            return 1
         say(f"{K3S_KUBECONFIG} found: running site.yml on this machine (inventory.ini: localhost)")
-        return sh([str(BIN / "ansible-playbook"), "site.yml", *extra])
-    apt_install(TESTHOST_PACKAGES)
+        return sh([str(BIN / "ansible-playbook"), "site.yml", *consent, *extra])
     info = subprocess.run([py, "-m", "testhost", "info", LAB_HOST], cwd=ROOT,
                           capture_output=True, text=True, check=False)
     if info.returncode != 0 or not json.loads(info.stdout)["running"]:
         if info.returncode == 0:
             sh([py, "-m", "testhost", "destroy", LAB_HOST])
-        say(f"creating local test host {LAB_HOST!r} (the first time it builds the control plane "
-            "from Go modules: about 11 min on 2 cores, progress every 30 s)")
+        say(f"creating local test host {LAB_HOST!r} (the first time about 11 min on 2 cores: it "
+            "builds the control plane from Go modules and a Debian rootfs, with a progress line "
+            "every 30 s; with the cache 11-20 s)")
         if sh([py, "-m", "testhost", "create", LAB_HOST], stdout=subprocess.DEVNULL) != 0:
             return 1
     inventory = json.loads(subprocess.run([py, "-m", "testhost", "info", LAB_HOST], cwd=ROOT,
                                           capture_output=True, text=True,
                                           check=True).stdout)["inventory"]
     say(f"running site.yml against {LAB_HOST} ({inventory})")
-    rc = sh([str(BIN / "ansible-playbook"), "-i", inventory, "site.yml", *extra])
+    rc = sh([str(BIN / "ansible-playbook"), "-i", inventory, "site.yml",
+             *lab_reset_args(own_testhost=True, reset=reset, interactive=False), *extra])
     if rc == 0:
         say(f"the host stays up: `python3 -m testhost exec {LAB_HOST} -- cat /root/cnpa-op/report.json`;"
             f" remove it with `python3 dev.py lab --destroy`")
@@ -141,14 +179,19 @@ def lab(destroy: bool, extra: list[str]) -> int:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("command", choices=["setup", "lint", "test", "lab"])
+    parser.add_argument("command", choices=["setup", "lint", "test", "lab", "docs"])
     parser.add_argument("--destroy", action="store_true", help="with lab: remove the host")
+    parser.add_argument("--reset", action="store_true",
+                        help="with lab on a k3s VM: reset the lab's objects of an earlier run "
+                             "without asking")
+    parser.add_argument("--check", action="store_true",
+                        help="with docs: only say whether docs/lab.md is up to date")
     args, extra = parser.parse_known_args()
     if os.geteuid() != 0 and args.command in ("test", "lab"):
         sys.exit("dev.py: the test host needs root (debootstrap, systemd-nspawn, nsenter)")
     if shutil.which("apt-get") is None:
         sys.exit("dev.py: needs a Debian-family machine (apt-get)")
-    if args.command == "lab":
+    if args.command in ("lab", "docs"):
         setup("requirements.lock", [])
     else:
         setup()
@@ -157,7 +200,9 @@ def main() -> int:
     if args.command == "test":
         return test(extra)
     if args.command == "lab":
-        return lab(args.destroy, extra)
+        return lab(args.destroy, args.reset, extra)
+    if args.command == "docs":
+        return sh([str(BIN / "python"), "variable_docs.py", "--check" if args.check else "--write"])
     return 0
 
 

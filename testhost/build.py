@@ -12,8 +12,8 @@ etcd is the version that release pins in its build/dependencies.yaml, built from
 
 Cache (under cnpa-op's cache directory): kubernetes-<version>/bin/ holds the four binaries,
 kubernetes-<version>/build/ the two build modules and their logs, go/ the Go module download
-cache (GOMODCACHE, about 0.9 GB). Go's build cache is used only during the build and removed
-afterwards (about 2 GB); CNPA_KEEP_GO_BUILD_CACHE=1 keeps it.
+cache (GOMODCACHE, 1.05 GB on 2026-12-04). Go's build cache is used only during the build and
+removed afterwards (about 3 GB); CNPA_KEEP_GO_BUILD_CACHE=1 keeps it.
 """
 
 from __future__ import annotations
@@ -27,7 +27,8 @@ import subprocess
 import time
 from pathlib import Path
 
-from .common import HostError, cache_dir, log, run
+from .common import PROGRESS_SECONDS, HostError, cache_dir, log, run
+from .progress import elapsed_text
 
 # The minor that k3s's stable channel ships, at the newest patch the module proxy serves.
 DEFAULT_VERSION = "v1.36.5"
@@ -64,12 +65,34 @@ def build(force: bool = False) -> Path:
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            log("another process is building this control plane; waiting for it")
-            fcntl.flock(lock, fcntl.LOCK_EX)
+            _wait_for_lock(lock, f"another process is building the control plane {version()}")
         if built() and not force:
             log(f"control plane {version()} cached in {bin_dir()}")
             return bin_dir()
         return _build_locked()
+
+
+def _wait_for_lock(lock, what: str, every: float = PROGRESS_SECONDS,
+                   timeout: float = DOWNLOAD_TIMEOUT + 2 * BUILD_TIMEOUT) -> None:
+    """Take the lock once its holder lets go, saying so every `every` seconds meanwhile (a cold
+    build holds it for about 10 min; a silent wait that long looks hung)."""
+    log(f"{what}; waiting for it")
+    t0 = time.monotonic()
+    next_line = t0 + every
+    while True:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            pass
+        now = time.monotonic()
+        if now - t0 > timeout:
+            raise HostError(f"{what} and has held {lock.name} for over {timeout / 60:.0f} min; "
+                            "if no build runs any more (`ps -ef | grep 'go build'`), try again")
+        if now >= next_line:
+            log(f"{what}: waited {elapsed_text(now - t0)} for it so far")
+            next_line = now + every
+        time.sleep(1)
 
 
 class _Go:
@@ -90,9 +113,9 @@ class _Go:
             "GO111MODULE": "on", "GOPATH": str(cache_dir() / "go" / "path"),
         }
 
-    def out(self, *args: str, cwd: Path, step: str) -> str:
+    def out(self, *args: str, cwd: Path, step: str, progress=None) -> str:
         return run([self.go, *args], step=step, cwd=cwd, env=self.env, quiet=True,
-                   timeout=DOWNLOAD_TIMEOUT)
+                   timeout=DOWNLOAD_TIMEOUT, progress=progress)
 
     def logged(self, *args: str, cwd: Path, step: str, logfile: Path, timeout: float,
                progress) -> None:
@@ -105,7 +128,8 @@ def _build_locked() -> Path:
     go = _Go()
     log(f"building the control plane {v} from Go modules with "
         f"{go.out('version', cwd=cache_dir(), step='go version').strip()}; cold, this downloads "
-        "about 1 GB of modules and compiles for about 9 min on 2 cores; cached afterwards")
+        "about 1 GB of modules and compiles for about 9 min on 2 cores (progress every "
+        f"{PROGRESS_SECONDS:.0f} s); cached afterwards")
     work = release_dir() / "build"
     work.mkdir(parents=True, exist_ok=True)
     stage = release_dir() / "bin.partial"
@@ -138,6 +162,8 @@ def _build_locked() -> Path:
     shutil.rmtree(out, ignore_errors=True)
     stage.rename(out)
     if os.environ.get("CNPA_KEEP_GO_BUILD_CACHE") != "1":
+        log(f"removing Go's build cache ({_size_mb(go.gocache)} MB; CNPA_KEEP_GO_BUILD_CACHE=1 "
+            "keeps it)")
         shutil.rmtree(go.gocache, ignore_errors=True)
     log(f"built the control plane {v} (etcd v{etcd_version}) into {out} in "
         f"{(time.monotonic() - t0) / 60:.1f} min")
@@ -146,8 +172,10 @@ def _build_locked() -> Path:
 
 def _fetch(go: _Go, path: str, ver: str, work: Path) -> dict:
     log(f"fetching {path}@{ver} from the Go module proxy")
+    modcache = Path(go.env["GOMODCACHE"]) / "cache" / "download"
     text = go.out("mod", "download", "-json", f"{path}@{ver}", cwd=work,
-                  step=f"go mod download {path}@{ver} (is the Go module proxy reachable?)")
+                  step=f"go mod download {path}@{ver} (is the Go module proxy reachable?)",
+                  progress=lambda: f"module cache {_size_mb(modcache)} MB")
     info = json.loads(text)
     if info.get("Error"):
         raise HostError(f"go mod download {path}@{ver}: {info['Error']}")
@@ -210,7 +238,7 @@ def _compile(go: _Go, mod: Path, packages: list[str], ldflags: str, out: Path,
 
     def progress() -> str:
         done = len(logfile.read_text(errors="replace").splitlines()) if logfile.exists() else 0
-        return f"compiling {names}: {done} of {total} packages compiled (rest cached or pending)"
+        return f"{done} of {total} packages compiled (rest cached or pending)"
 
     go.logged("build", "-v", "-trimpath", "-ldflags", ldflags, "-o", f"{out}/", *packages,
               cwd=mod, step=f"go build {names}", logfile=logfile, timeout=BUILD_TIMEOUT,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
@@ -10,9 +11,10 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from .progress import EVERY as PROGRESS_SECONDS
+from .progress import wait as progress_wait
+
 _T0 = time.monotonic()
-# A long step logs a line at least this often (elapsed time and what it is doing).
-PROGRESS_SECONDS = 30
 
 
 class HostError(RuntimeError):
@@ -35,40 +37,34 @@ def run(cmd: list[str], *, step: str, cwd: Path | None = None, env: dict | None 
         progress: Callable[[], str] | None = None) -> str:
     """Run cmd; on failure raise HostError naming the step (and the log file if any).
 
-    With a logfile, output goes there and a progress line (elapsed time, the step, and what
-    progress() says) is logged every PROGRESS_SECONDS, so long builds are never silent."""
+    Output goes to logfile when given, else it is captured (and returned). Either way, while cmd
+    runs a line with the step, the elapsed time and what progress() says is logged every
+    PROGRESS_SECONDS (testhost.progress), so no long step is silent."""
     full_env = dict(os.environ, **(env or {}))
+    with contextlib.ExitStack() as stack:
+        fh = stack.enter_context(open(logfile, "ab")) if logfile is not None else None
+        proc = subprocess.Popen(cmd, cwd=cwd, env=full_env, stdin=subprocess.DEVNULL,
+                                stdout=fh or subprocess.PIPE,
+                                stderr=subprocess.STDOUT if fh else subprocess.PIPE,
+                                text=fh is None)
+        try:
+            stdout, stderr = progress_wait(proc, step=step, say=log, detail=progress,
+                                           every=PROGRESS_SECONDS, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            where = f"; its log: {logfile}" if logfile else ""
+            raise HostError(f"{step} did not finish within {timeout / 60:.0f} min{where}") from None
     if logfile is not None:
-        t0 = time.monotonic()
-        with open(logfile, "ab") as fh:
-            proc = subprocess.Popen(cmd, cwd=cwd, env=full_env, stdout=fh,
-                                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-            while True:
-                try:
-                    proc.wait(timeout=PROGRESS_SECONDS)
-                    break
-                except subprocess.TimeoutExpired:
-                    elapsed = time.monotonic() - t0
-                    if timeout is not None and elapsed > timeout:
-                        proc.kill()
-                        proc.wait()
-                        raise HostError(f"{step} did not finish within {timeout / 60:.0f} min; "
-                                        f"its log: {logfile}") from None
-                    detail = f": {progress()}" if progress else ""
-                    log(f"{step}: {int(elapsed) // 60}m{int(elapsed) % 60:02d}s{detail}")
         if proc.returncode != 0:
             tail = Path(logfile).read_text(errors="replace").splitlines()[-25:]
             raise HostError(f"{step} failed (exit {proc.returncode}); last lines of {logfile}:\n"
                             + "\n".join(tail))
         return ""
-    proc = subprocess.run(cmd, cwd=cwd, env=full_env, capture_output=True, text=True,
-                          stdin=subprocess.DEVNULL, timeout=timeout, check=False)
     if proc.returncode != 0:
         raise HostError(f"{step} failed (exit {proc.returncode}): {' '.join(cmd)}\n"
-                        f"{proc.stderr.strip() or proc.stdout.strip()}")
-    if not quiet and proc.stdout.strip():
-        log(proc.stdout.strip().splitlines()[-1])
-    return proc.stdout
+                        f"{stderr.strip() or stdout.strip()}")
+    if not quiet and stdout.strip():
+        log(stdout.strip().splitlines()[-1])
+    return stdout
 
 
 def require_root() -> None:
