@@ -35,6 +35,7 @@ class Instance:
     ports: dict[str, int] = field(default_factory=dict)
     nspawn_pid: int = 0
     pid1: int = 0
+    suite: str = rootfs.SUITE  # the Debian release of its rootfs
 
     # -- paths ------------------------------------------------------------------------------
     @property
@@ -81,6 +82,7 @@ class Instance:
             "ssh_port": self.ports.get("ssh"), "ssh_user": "root", "ssh_key": str(self.key),
             "known_hosts": str(self.dir / "known_hosts"), "kubeconfig": str(self.kubeconfig),
             "inventory": str(self.inventory), "nspawn_pid": self.nspawn_pid, "pid1": self.pid1,
+            "suite": self.suite,
         }
 
     def running(self) -> bool:
@@ -239,15 +241,15 @@ def instances_dir() -> Path:
     return path
 
 
-def create(name: str, wait: bool = True) -> Instance:
+def create(name: str, wait: bool = True, suite: str = rootfs.SUITE) -> Instance:
     if not name.replace("-", "").isalnum() or len(name) > 40:
         raise HostError(f"instance name {name!r}: use letters, digits and '-' (at most 40)")
-    inst = Instance(name=name)
+    inst = Instance(name=name, suite=suite)
     if inst.dir.exists():
         raise HostError(f"test host {name} already exists at {inst.dir}; destroy it first")
     apt_install(["systemd-container", "openssh-client"])  # systemd-nspawn, ssh-keygen
     bins = build.build()
-    tarball = rootfs.ensure()
+    tarball = rootfs.ensure(suite)
     t0 = time.monotonic()
     inst.dir.mkdir(parents=True)
     try:
