@@ -35,7 +35,6 @@ class Instance:
     ports: dict[str, int] = field(default_factory=dict)
     nspawn_pid: int = 0
     pid1: int = 0
-    suite: str = rootfs.SUITE  # the Debian release of its rootfs
 
     # -- paths ------------------------------------------------------------------------------
     @property
@@ -82,8 +81,18 @@ class Instance:
             "ssh_port": self.ports.get("ssh"), "ssh_user": "root", "ssh_key": str(self.key),
             "known_hosts": str(self.dir / "known_hosts"), "kubeconfig": str(self.kubeconfig),
             "inventory": str(self.inventory), "nspawn_pid": self.nspawn_pid, "pid1": self.pid1,
-            "suite": self.suite,
+            "suite": self.suite(),
         }
+
+    def suite(self) -> str:
+        """The Debian release of its rootfs, read from the rootfs itself: state.json stays as
+        older checkouts (sharing the instances directory) can load it."""
+        try:
+            text = (self.root / "etc/os-release").read_text()
+        except OSError:
+            return ""
+        return next((line.split("=", 1)[1].strip('"') for line in text.splitlines()
+                     if line.startswith("VERSION_CODENAME=")), "")
 
     def running(self) -> bool:
         return bool(self.pid1) and _alive(self.pid1) and _alive(self.nspawn_pid)
@@ -244,7 +253,7 @@ def instances_dir() -> Path:
 def create(name: str, wait: bool = True, suite: str = rootfs.SUITE) -> Instance:
     if not name.replace("-", "").isalnum() or len(name) > 40:
         raise HostError(f"instance name {name!r}: use letters, digits and '-' (at most 40)")
-    inst = Instance(name=name, suite=suite)
+    inst = Instance(name=name)
     if inst.dir.exists():
         raise HostError(f"test host {name} already exists at {inst.dir}; destroy it first")
     apt_install(["systemd-container", "openssh-client"])  # systemd-nspawn, ssh-keygen
