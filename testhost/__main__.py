@@ -17,9 +17,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m testhost", description=__doc__)
     sub = parser.add_subparsers(dest="cmd", required=True)
     sub.add_parser("build", help="build (or reuse) the cached control-plane binaries")
-    sub.add_parser("rootfs", help="build (or reuse) the cached rootfs tarball")
+    p = sub.add_parser("rootfs", help="build (or reuse) the cached rootfs tarball")
+    p.add_argument("--suite", choices=rootfs.SUITES, default=rootfs.SUITE,
+                   help=f"Debian release of the rootfs (default {rootfs.SUITE})")
     p = sub.add_parser("create", help="create and boot a host, wait until the API is ready")
     p.add_argument("name")
+    p.add_argument("--suite", choices=rootfs.SUITES, default=rootfs.SUITE,
+                   help=f"Debian release of its rootfs (default {rootfs.SUITE})")
     p.add_argument("--no-wait", action="store_true", help="return once systemd has booted")
     p = sub.add_parser("destroy", help="power off and remove a host, check nothing is left")
     p.add_argument("name")
@@ -40,10 +44,10 @@ def main(argv: list[str] | None = None) -> int:
         if args.cmd == "build":
             print(build_mod.build())
         elif args.cmd == "rootfs":
-            print(rootfs.ensure())
+            print(rootfs.ensure(args.suite))
         elif args.cmd == "create":
             t0 = time.monotonic()
-            inst = inst_mod.create(args.name, wait=not args.no_wait)
+            inst = inst_mod.create(args.name, wait=not args.no_wait, suite=args.suite)
             print(json.dumps(inst.info() | {"create_seconds": round(time.monotonic() - t0, 1)},
                              indent=2))
         elif args.cmd == "destroy":

@@ -81,7 +81,18 @@ class Instance:
             "ssh_port": self.ports.get("ssh"), "ssh_user": "root", "ssh_key": str(self.key),
             "known_hosts": str(self.dir / "known_hosts"), "kubeconfig": str(self.kubeconfig),
             "inventory": str(self.inventory), "nspawn_pid": self.nspawn_pid, "pid1": self.pid1,
+            "suite": self.suite(),
         }
+
+    def suite(self) -> str:
+        """The Debian release of its rootfs, read from the rootfs itself: state.json stays as
+        older checkouts (sharing the instances directory) can load it."""
+        try:
+            text = (self.root / "etc/os-release").read_text()
+        except OSError:
+            return ""
+        return next((line.split("=", 1)[1].strip('"') for line in text.splitlines()
+                     if line.startswith("VERSION_CODENAME=")), "")
 
     def running(self) -> bool:
         return bool(self.pid1) and _alive(self.pid1) and _alive(self.nspawn_pid)
@@ -239,7 +250,7 @@ def instances_dir() -> Path:
     return path
 
 
-def create(name: str, wait: bool = True) -> Instance:
+def create(name: str, wait: bool = True, suite: str = rootfs.SUITE) -> Instance:
     if not name.replace("-", "").isalnum() or len(name) > 40:
         raise HostError(f"instance name {name!r}: use letters, digits and '-' (at most 40)")
     inst = Instance(name=name)
@@ -247,7 +258,7 @@ def create(name: str, wait: bool = True) -> Instance:
         raise HostError(f"test host {name} already exists at {inst.dir}; destroy it first")
     apt_install(["systemd-container", "openssh-client"])  # systemd-nspawn, ssh-keygen
     bins = build.build()
-    tarball = rootfs.ensure()
+    tarball = rootfs.ensure(suite)
     t0 = time.monotonic()
     inst.dir.mkdir(parents=True)
     try:

@@ -1,4 +1,9 @@
-"""A cached Debian trixie rootfs for the test host: systemd, sshd, jq, python3.
+"""A cached Debian rootfs for the test host: systemd, sshd, jq, python3.
+
+trixie by default; bookworm (Debian 12) on request (`create NAME --suite bookworm`), to prove
+the lab against the older release a real lab VM may run (its python3-kubernetes is too old for
+kubernetes.core, its jq is 1.6). Each suite has its own tarballs; trixie's cache key is the one
+it had before suites existed.
 
 kubectl and etcd are not Debian's: each instance gets the ones built with its control plane
 (build.py), so kubectl inside the host is the server's version, as k3s bundles its own. The tree is
@@ -15,7 +20,8 @@ from pathlib import Path
 
 from .common import HostError, apt_install, cache_dir, log, run
 
-SUITE = "trixie"
+SUITE = "trixie"  # the default
+SUITES = ("trixie", "bookworm")
 MIRROR = "http://deb.debian.org/debian"
 PACKAGES = [
     "systemd", "systemd-sysv", "dbus", "openssh-server", "python3", "jq", "openssl",
@@ -24,8 +30,14 @@ PACKAGES = [
 FILES = Path(__file__).with_name("files")
 
 
-def _key() -> str:
-    digest = hashlib.sha256(f"{SUITE} {MIRROR} {' '.join(PACKAGES)}".encode())
+def _check(suite: str) -> str:
+    if suite not in SUITES:
+        raise HostError(f"unknown suite {suite!r}: choose one of {', '.join(SUITES)}")
+    return suite
+
+
+def _key(suite: str = SUITE) -> str:
+    digest = hashlib.sha256(f"{suite} {MIRROR} {' '.join(PACKAGES)}".encode())
     for path in sorted(FILES.rglob("*")):
         if path.is_file():
             digest.update(str(path.relative_to(FILES)).encode())
@@ -33,24 +45,29 @@ def _key() -> str:
     return digest.hexdigest()[:12]
 
 
-def tarball() -> Path:
-    return cache_dir() / f"rootfs-{SUITE}-{_key()}.tar"
+def tarball(suite: str = SUITE) -> Path:
+    return cache_dir() / f"rootfs-{_check(suite)}-{_key(suite)}.tar"
 
 
-def _debootstrap_cached() -> Path:
+def _partial(name: str, suite: str) -> Path:
+    """A work path of one suite's build (trixie keeps the names it had)."""
+    return cache_dir() / (name if suite == SUITE else f"{suite}-{name}")
+
+
+def _debootstrap_cached(suite: str) -> Path:
     """The plain debootstrap tree, cached separately so editing files/ does not re-download."""
-    digest = hashlib.sha256(f"{SUITE} {MIRROR} {' '.join(PACKAGES)}".encode()).hexdigest()[:12]
-    base = cache_dir() / f"debootstrap-{SUITE}-{digest}.tar"
+    digest = hashlib.sha256(f"{suite} {MIRROR} {' '.join(PACKAGES)}".encode()).hexdigest()[:12]
+    base = cache_dir() / f"debootstrap-{suite}-{digest}.tar"
     if base.exists():
         return base
     apt_install(["debootstrap"])
-    tree = cache_dir() / "debootstrap.partial"
+    tree = _partial("debootstrap.partial", suite)
     shutil.rmtree(tree, ignore_errors=True)
-    logfile = cache_dir() / "debootstrap.log"
+    logfile = _partial("debootstrap.log", suite)
     logfile.unlink(missing_ok=True)
-    log(f"debootstrap {SUITE} (about 90 s and 300 MB; log: {logfile})")
-    run(["debootstrap", "--variant=minbase", f"--include={','.join(PACKAGES)}", SUITE,
-         str(tree), MIRROR], step=f"debootstrap {SUITE}", logfile=logfile)
+    log(f"debootstrap {suite} (about 90 s and 300 MB; log: {logfile})")
+    run(["debootstrap", "--variant=minbase", f"--include={','.join(PACKAGES)}", suite,
+         str(tree), MIRROR], step=f"debootstrap {suite}", logfile=logfile)
     shutil.rmtree(tree / "var/cache/apt/archives", ignore_errors=True)
     (tree / "var/cache/apt/archives/partial").mkdir(parents=True)
     _pack(tree, base)
@@ -98,16 +115,16 @@ def _customise(tree: Path) -> None:
         (tree / "etc/systemd/system" / unit).symlink_to("/dev/null")
 
 
-def ensure() -> Path:
-    """Return the path of the customised rootfs tarball, building it if needed."""
-    dest = tarball()
+def ensure(suite: str = SUITE) -> Path:
+    """Return the path of the suite's customised rootfs tarball, building it if needed."""
+    dest = tarball(suite)
     if dest.exists():
         log(f"rootfs cached: {dest}")
         return dest
     if os.geteuid() != 0:
         raise HostError("building the rootfs needs root")
-    base = _debootstrap_cached()
-    tree = cache_dir() / "rootfs.partial"
+    base = _debootstrap_cached(suite)
+    tree = _partial("rootfs.partial", suite)
     shutil.rmtree(tree, ignore_errors=True)
     tree.mkdir()
     log(f"customising rootfs from {base.name}")
@@ -116,7 +133,7 @@ def ensure() -> Path:
     _customise(tree)
     _pack(tree, dest)
     shutil.rmtree(tree)
-    for old in cache_dir().glob(f"rootfs-{SUITE}-*.tar"):
+    for old in cache_dir().glob(f"rootfs-{suite}-*.tar"):
         if old != dest:
             old.unlink()
     log(f"rootfs ready: {dest}")
