@@ -27,7 +27,8 @@ CONFIRM = "cnpa_controller_delete_teamspaces=true"
 # Everything an install puts on the host outside the archive (uninstall must remove all of it).
 FILES = [f"{BASE}/reconcile.sh", f"{BASE}/cnpa_plan.py", f"{BASE}/crd.yaml", "/etc/cnpa-op",
          "/etc/systemd/system/cnpa-op.service", "/etc/systemd/system/cnpa-op-token.service",
-         "/etc/systemd/system/cnpa-op-token.timer", "/run/cnpa-op", "/var/cache/cnpa-op"]
+         "/etc/systemd/system/cnpa-op-token.timer", "/run/cnpa-op", "/var/cache/cnpa-op",
+         "/opt/cnpa-op"]
 OBJECTS = [f"crd/{TS}", "clusterrole/cnpa-op", "clusterrole/cnpa-teamspaces-view",
            "clusterrole/cnpa-teamspaces-edit", "clusterrolebinding/cnpa-op",
            "validatingadmissionpolicy/cnpa-op-namespaces", "validatingadmissionpolicy/cnpa-op-quotas",
@@ -72,7 +73,9 @@ def play(host, playbook: str, *extra: str) -> Run:
 
 
 def install(host) -> None:
-    run = play(host, "controller.yml")
+    # With the client in the role's virtualenv (as on Debian 12), so that the uninstall must remove
+    # that too; the test host's own python3-kubernetes would do.
+    run = play(host, "controller.yml", "-e", "cnpa_python_client_source=venv")
     assert run.rc == 0, str(run)
 
 
