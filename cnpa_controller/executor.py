@@ -112,9 +112,11 @@ def is_conflict(exc: ApiError) -> bool:
     patch whose test op failed (the list or the uid changed meanwhile) is one too."""
     if exc.status == 409 and exc.reason != "AlreadyExists":
         return True
+    # What the API server answers when a JSON patch's test op fails (reconcile.sh's is_conflict
+    # matches kubectl's rendering of the same answer).
     text = exc.message.lower()
-    return exc.status == 422 and ("test operation" in text or "testing value" in text
-                                  or "testing path" in text)
+    return exc.status == 422 and ("rejected our request due to an error in our request" in text
+                                  or "testing value" in text)
 
 
 def archive_directory_broken(path: str) -> bool:
