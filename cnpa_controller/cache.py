@@ -103,6 +103,7 @@ class Informer:
         self.watches = 0  # watch requests made
         self._lock = threading.Lock()
         self._store: dict[str, dict] = {}
+        self._deleted: dict[str, str | None] = {}  # key -> resourceVersion of its deletion
         self._response = None
 
     # -- reading the cache -----------------------------------------------------------------
@@ -123,10 +124,15 @@ class Informer:
         learn what we just wrote (a pass planned on the older copy would write it again, or take
         our own new namespace for somebody else's). An older copy never replaces a newer one."""
         key = object_key(obj)
+        meta = obj.get("metadata") or {}
+        rv = meta.get("resourceVersion")
+        if meta.get("deletionTimestamp") and not meta.get("finalizers"):
+            return  # our write released its last finalizer: it is gone, not to be cached
         with self._lock:
+            if key in self._deleted and not _newer(rv, self._deleted[key]):
+                return  # the watch reported it deleted after this write: stays deleted
             have = self._store.get(key)
-            if have is None or _newer((obj.get("metadata") or {}).get("resourceVersion"),
-                                      (have.get("metadata") or {}).get("resourceVersion")):
+            if have is None or _newer(rv, (have.get("metadata") or {}).get("resourceVersion")):
                 self._store[key] = obj
 
     # -- list and watch ----------------------------------------------------------------------
@@ -218,6 +224,11 @@ class Informer:
         with self._lock:
             if kind == "DELETED":
                 self._store.pop(key, None)
+                # Remembered (a bounded while) so that the answer to one of our writes,
+                # taken in after this event, does not bring the object back.
+                if len(self._deleted) >= 10000:
+                    self._deleted.clear()
+                self._deleted[key] = rv
             else:
                 have = self._store.get(key)
                 # A copy our own write put here may be newer than this event (which then

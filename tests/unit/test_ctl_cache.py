@@ -166,6 +166,13 @@ def test_our_own_write_is_not_replaced_by_an_older_event():
     assert inf.get("team-a")["metadata"]["resourceVersion"] == "21"
     inf._event({"type": "DELETED", "object": obj("team-a", 22)})
     assert inf.get("team-a") is None
+    # The answer to our write taken in after the watch reported the deletion: stays deleted.
+    inf.observe(obj("team-a", 21))
+    assert inf.get("team-a") is None
+    gone = obj("x", 30, kind="TeamSpace")
+    gone["metadata"].update(deletionTimestamp="2026-01-01T00:00:00Z", finalizers=[])
+    inf.observe(gone)  # the answer to the release of its last finalizer
+    assert inf.get("x") is None
 
 
 def test_caches_select_as_reconcile_sh_lists_and_queue_names():

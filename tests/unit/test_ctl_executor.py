@@ -131,6 +131,23 @@ def test_an_existing_namespace_without_our_label_is_reported_not_ours():
     assert not [c for c in api.calls if "resourcequotas" in c[1]]
 
 
+def test_an_existing_namespace_with_our_label_is_a_cache_not_yet_updated():
+    api = FakeApi(fail={("POST", "/api/v1/namespaces"): ApiError(409, "AlreadyExists", "exists")})
+    real = api.request
+
+    def request(method, path, **kw):
+        if method == "GET":
+            return {"kind": "Namespace", "metadata": {"labels": {cnpa_plan.LABEL: "a"}}}
+        return real(method, path, **kw)
+
+    api.request = request
+    result, _, _ = run(api, teamspace(finalizers=[FIN]))
+    # Retried, not reported as somebody else's: no Event, no status.
+    assert result.failed and result.errors == ["Conflict"]
+    assert api.writes() == [("POST", "/api/v1/namespaces")]
+    assert not [c for c in api.calls if c[1].endswith("/events")]
+
+
 def test_a_lost_quota_replace_falls_back_to_a_merge_patch():
     t = teamspace(finalizers=[FIN], status={"namespaceUID": "ns-1", "observedGeneration": 1})
     ns = {"metadata": {"name": "team-a", "uid": "ns-1", "labels": {cnpa_plan.LABEL: "a"},
