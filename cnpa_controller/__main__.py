@@ -144,7 +144,10 @@ def read_config(env: dict) -> dict:
 
 
 def api_client(kubeconfig: str, pool_size: int):
-    from kubernetes import client, config
+    try:
+        from kubernetes import client, config
+    except ImportError as exc:
+        raise ConfigError(f"the kubernetes Python client is not installed ({exc})") from exc
 
     cfg = client.Configuration()
     path = kubeconfig or os.path.expanduser("~/.kube/config")

@@ -9,6 +9,11 @@ exist and report them as somebody else's.
 
 Every process keeps its caches warm, leader or not, so a process that becomes the leader queues
 every TeamSpace and reconciles at once, without listing anything.
+
+Metrics (through metrics.Metrics when configured): cnpa_reconciles_total{result=converged|
+written|problem|failed|not_leader}, cnpa_writes_total{step}, cnpa_errors_total{reason},
+cnpa_queue_depth, cnpa_last_sync_timestamp_seconds (caches synced, or a TeamSpace reconciled
+without failure), cnpa_leader.
 """
 
 from __future__ import annotations
