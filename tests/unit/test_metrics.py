@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 import threading
 import urllib.error
 import urllib.request
@@ -130,15 +131,21 @@ def test_concurrent_increments_are_not_lost():
     m = Metrics()
 
     def work():
-        for _ in range(2000):
+        for _ in range(20000):
             m.inc("cnpa_reconciles_total")
 
-    threads = [threading.Thread(target=work) for _ in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=30)
-    assert m.get("cnpa_reconciles_total") == 8000
+    # Switch threads as often as possible so that an unlocked read-add-write loses updates.
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        threads = [threading.Thread(target=work) for _ in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=60)
+    finally:
+        sys.setswitchinterval(old)
+    assert m.get("cnpa_reconciles_total") == 80000
 
 
 def test_http_endpoint_serves_metrics_only():
