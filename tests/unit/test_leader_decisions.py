@@ -1,6 +1,7 @@
 """cnpa_controller.leader without an API server: the pure decisions, and the Elector driven step by
 step against an in-memory Lease that enforces resourceVersion as the API server does, on a fake
-clock. The real API server is in tests/controller/test_leader.py."""
+clock. The real API server is in tests/controller/test_leader.py (this file has another
+basename: test modules in directories without __init__.py must have distinct names)."""
 
 from __future__ import annotations
 
