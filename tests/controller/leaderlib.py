@@ -8,7 +8,9 @@ It samples elector.is_leader() every SAMPLE seconds and appends one JSON line pe
 CLOCK_MONOTONIC, which all processes of the machine share, so the samples of several candidates
 are on one time line. SIGTERM is a clean shutdown: stop, release(), {"released": true}, exit 0.
 
-Imported, it gives the test the Candidate handle and the checks on those records.
+CNPA_LEASE_PYTHON names the interpreter of the candidates (default: the test's own), to run them
+with another version of the kubernetes client. Imported, it gives the test the Candidate handle
+and the checks on those records.
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 LEASE_SECONDS, RENEW_SECONDS, RETRY_SECONDS = 4, 3, 0.5
 SAMPLE = 0.05
+# Another interpreter for the candidates, e.g. one with an older kubernetes client (>= 24.2.0).
+PYTHON = os.environ.get("CNPA_LEASE_PYTHON") or sys.executable
 
 
 # -- the candidate process ------------------------------------------------------------------------
@@ -77,7 +81,7 @@ class Candidate:
         self.err = workdir / f"{identity}.log"
         with open(self.err, "w") as err:
             self.proc = subprocess.Popen(
-                [sys.executable, __file__, str(kubeconfig), namespace, lease, identity, str(self.out)],
+                [PYTHON, __file__, str(kubeconfig), namespace, lease, identity, str(self.out)],
                 stdin=subprocess.DEVNULL, stdout=err, stderr=err, start_new_session=True)
 
     def lines(self) -> list[dict]:

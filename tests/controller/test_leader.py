@@ -172,6 +172,8 @@ def test_transition_event_is_recorded_on_the_lease(lease_host, lease_name):
 
     from cnpa_controller.leader import lease_event
 
+    # a new Lease (new uid) each run, so that Events of an earlier run do not count
+    lease_host.kubectl("delete", "lease", lease_name, "-n", NAMESPACE, "--ignore-not-found")
     lease_host.apply({"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
                       "metadata": {"name": lease_name, "namespace": NAMESPACE}, "spec": {}})
     uid = lease_host.get("lease", lease_name, "-n", NAMESPACE)["metadata"]["uid"]
@@ -181,6 +183,7 @@ def test_transition_event_is_recorded_on_the_lease(lease_host, lease_name):
     events = json.loads(lease_host.kubectl(
         "get", "events", "-n", NAMESPACE, "-o", "json",
         "--field-selector", f"involvedObject.kind=Lease,involvedObject.name={lease_name}").stdout)["items"]
-    got = sorted((e["reason"], e["message"], e["involvedObject"].get("uid")) for e in events)
-    assert got == [("LeaderElection", "cand-x became leader", uid),
-                   ("LeaderElection", "cand-x stopped leading", uid)]
+    got = sorted((e["reason"], e["message"], e["type"]) for e in events
+                 if e["involvedObject"].get("uid") == uid)
+    assert got == [("LeaderElection", "cand-x became leader", "Normal"),
+                   ("LeaderElection", "cand-x stopped leading", "Normal")]
