@@ -100,7 +100,10 @@ def request(api, method: str, path: str, body: dict | None = None, *, timeout: f
     text = _text(data)
     if not 200 <= status <= 299:
         raise ApiError(status, _reason(text), text)
-    return json.loads(text) if text else {}
+    try:
+        return json.loads(text) if text else {}
+    except ValueError as err:
+        raise ApiError(status, "InvalidResponse", text) from err
 
 
 def _text(data) -> str:
@@ -205,6 +208,7 @@ class Elector:
         self._reported = False
         self._released = False
         self.transitions_seen = 0
+        self.lease_uid = ""   # for lease_event(..., uid=elector.lease_uid)
 
     @property
     def path(self) -> str:
@@ -235,13 +239,16 @@ class Elector:
     def release(self) -> None:
         """Stop acting as leader and, if the Lease is still ours, free it so another takes over at
         once. Ends run(). Errors are logged: an unreleased Lease only delays the takeover."""
+        # Stop acting (and say so) before the Lease can go to another; a step of run() still in
+        # flight cannot re-arm the fence once _released is set (see _won).
+        self._released = True
+        self._valid_until = float("-inf")
+        self._report()
         with self._lock:
-            self._released = True
             self._valid_until = float("-inf")
             mine, self._mine = self._mine, None
             if mine is not None:
                 self._release(mine)
-        self._report()
 
     # -- internals --------------------------------------------------------------------------------
 
@@ -320,7 +327,9 @@ class Elector:
     def _won(self, written: dict, started: float) -> None:
         self._mine = record_of(written)
         self._observed, self._observed_at = self._mine, self._clock()
-        self._valid_until = started + self.renew_seconds
+        self.lease_uid = (written.get("metadata") or {}).get("uid", self.lease_uid)
+        if not self._released:
+            self._valid_until = started + self.renew_seconds
 
     def _report(self) -> None:
         """Log and report a change of is_leader() since the last report (once per transition)."""

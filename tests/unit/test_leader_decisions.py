@@ -113,6 +113,7 @@ class FakeLeases:
                 raise ApiError(409, "Conflict")
         self.rv += 1
         body["metadata"]["resourceVersion"] = str(self.rv)
+        body["metadata"].setdefault("uid", "uid-1")
         self.obj = body
         self.writes.append((method, copy.deepcopy(body["spec"])))
         return copy.deepcopy(body)
@@ -138,9 +139,10 @@ def world(monkeypatch):
 
 
 def elector(clock, identity, changes=None):
+    on_change = changes.append if isinstance(changes, list) else changes
     return Elector(None, "cnpa-system", "cnpa-op", identity, lease_seconds=4, renew_seconds=3,
                    retry_seconds=0.5, clock=clock, wall=lambda: 1767225600.0 + clock.t,
-                   on_change=None if changes is None else changes.append)
+                   on_change=on_change)
 
 
 def step(*electors):
@@ -159,6 +161,7 @@ def test_first_candidate_creates_the_lease_and_leads(world):
     assert leases.writes[0][0] == "POST"
     assert leases.spec["holderIdentity"] == ME and leases.spec["leaseTransitions"] == 0
     assert leases.obj["metadata"]["labels"] == {"app.kubernetes.io/managed-by": "cnpa-op"}
+    assert a.lease_uid == "uid-1"   # for the Event on the Lease
 
 
 def test_create_race_loser_just_rereads(world):
@@ -278,6 +281,32 @@ def test_restart_with_the_same_identity_waits_for_expiry(world):
     step(old)   # the old process resumes: the record is no longer the one it wrote
     assert not old.is_leader()
     assert leases.spec["holderIdentity"] == ME and new.is_leader()
+
+
+def test_release_reports_before_it_gives_the_lease_up(world):
+    leases, clock = world
+    seen = []
+    a = elector(clock, ME, lambda leading: seen.append((leading, leases.spec["holderIdentity"])))
+    step(a)
+    a.release()
+    assert seen == [(True, ME), (False, ME)]   # stopped acting while the Lease was still ours
+    assert leases.spec["holderIdentity"] == ""
+
+
+def test_a_renewal_in_flight_does_not_rearm_a_released_elector(world):
+    leases, clock = world
+    a = elector(clock, ME)
+    step(a)
+    clock.t += 0.5
+    # release() is called while a renewal is on its way to the API server: it has done what it
+    # does before waiting for the step to finish
+    def release_begins():
+        a._released = True
+        a._valid_until = float("-inf")
+
+    leases.before_write = release_begins
+    a._step()
+    assert not a.is_leader()
 
 
 def test_release_frees_the_lease_only_if_still_ours(world):
