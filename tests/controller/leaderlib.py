@@ -95,8 +95,11 @@ class Candidate:
         return [(x["t"], x["leader"]) for x in self.lines() if "leader" in x]
 
     def leading_now(self) -> bool:
+        """Its last sample says leader, and is recent: a killed or frozen process samples no more.
+        (Recent: well under lease_seconds, with room for a busy machine's scheduling delays.)"""
         samples = self.samples()
-        return bool(samples) and samples[-1][1] and time.monotonic() - samples[-1][0] < 1.0
+        return (bool(samples) and samples[-1][1] and self.proc.poll() is None
+                and time.monotonic() - samples[-1][0] < 2.5)
 
     def signal(self, sig: int) -> None:
         if self.proc.poll() is None:
