@@ -122,7 +122,8 @@ def test(extra: list[str]) -> int:
     # side by side take little more than the longer one; tests sharing a host stay in one worker
     # (tests/conftest.py).
     return sh([str(BIN / "pytest"), "-v", "-rfE", "--durations=10", "-n", "2", "--dist", "loadgroup",
-               "tests/unit", "tests/lint", "tests/host", "tests/faults", "tests/molecule", *extra])
+               "tests/unit", "tests/lint", "tests/host", "tests/controller", "tests/faults", "tests/molecule",
+               *extra])
 
 
 def lab_reset_args(*, own_testhost: bool, reset: bool, interactive: bool,

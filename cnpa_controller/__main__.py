@@ -43,15 +43,17 @@ service, whose sandbox then binds the directory anew).
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import re
 import signal
 import socket
 import sys
+import threading
 import uuid
 
 from .controller import EXIT_CONFIG, Controller, Settings
+from .leader import Elector, lease_event
+from .metrics import Metrics
 
 
 class ConfigError(Exception):
@@ -163,13 +165,6 @@ def api_client(kubeconfig: str, pool_size: int):
     return client.ApiClient(cfg)
 
 
-def _module(name: str):
-    """An optional sibling module (leader, metrics), or None where it is not installed."""
-    if importlib.util.find_spec(f"{__package__}.{name}") is None:
-        return None
-    return importlib.import_module(f"{__package__}.{name}")
-
-
 def main(env: dict | None = None) -> int:
     env = dict(os.environ if env is None else env)
     from . import Api
@@ -183,31 +178,31 @@ def main(env: dict | None = None) -> int:
         return EXIT_CONFIG
     api = Api(client, timeout=settings.request_timeout)
 
-    metrics = None
-    if conf["metrics_address"] or settings.metrics_textfile:
-        mod = _module("metrics")
-        if mod is None:
-            print("cnpa-op: CNPA_METRICS_* set but cnpa_controller/metrics.py is not installed",
-                  file=sys.stderr)
-            return EXIT_CONFIG
-        metrics = mod.Metrics()
-        if conf["metrics_address"]:
-            metrics.serve(*conf["metrics_address"])
+    metrics = Metrics()
+    if conf["metrics_address"]:
+        metrics.serve(*conf["metrics_address"])
 
     make_elector = None
     if conf["election"]:
-        mod = _module("leader")
-        if mod is None:
-            print("cnpa-op: leader election is not installed (cnpa_controller/leader.py); "
-                  "running as the only writer", file=sys.stderr)
-        else:
-            lease = conf["lease"]
+        lease = conf["lease"]
 
-            def make_elector(on_change):
-                return mod.Elector(client, lease["namespace"], lease["name"], lease["identity"],
-                                   lease_seconds=lease["lease_seconds"],
-                                   renew_seconds=lease["renew_seconds"],
-                                   retry_seconds=lease["retry_seconds"], on_change=on_change)
+        def make_elector(on_change):
+            elector = None
+
+            def changed(leading: bool) -> None:
+                on_change(leading)
+                # Who leads is news for people too (`kubectl describe lease`). Sent from a thread
+                # of its own: the elector's thread must not wait on it to renew.
+                threading.Thread(target=lease_event, daemon=True, name="lease-event",
+                                 args=(client, lease["namespace"], lease["name"], lease["identity"],
+                                       leading),
+                                 kwargs={"uid": elector.lease_uid if elector else ""}).start()
+
+            elector = Elector(client, lease["namespace"], lease["name"], lease["identity"],
+                              lease_seconds=lease["lease_seconds"],
+                              renew_seconds=lease["renew_seconds"],
+                              retry_seconds=lease["retry_seconds"], on_change=changed)
+            return elector
 
     controller = Controller(api, settings, make_elector=make_elector, metrics=metrics)
 

@@ -10,10 +10,9 @@ exist and report them as somebody else's.
 Every process keeps its caches warm, leader or not, so a process that becomes the leader queues
 every TeamSpace and reconciles at once, without listing anything.
 
-Metrics (through metrics.Metrics when configured): cnpa_reconciles_total{result=converged|
-written|problem|failed|not_leader}, cnpa_writes_total{step}, cnpa_errors_total{reason},
-cnpa_queue_depth, cnpa_last_sync_timestamp_seconds (caches synced, or a TeamSpace reconciled
-without failure), cnpa_leader.
+Metrics: the names and labels are metrics.KNOWN's (cnpa_passes_total, cnpa_reconciles_total{result},
+cnpa_writes_total{step,op}, cnpa_errors_total{reason}, cnpa_queue_depth,
+cnpa_last_successful_sync_timestamp_seconds, cnpa_leader).
 """
 
 from __future__ import annotations
@@ -164,7 +163,7 @@ class Controller:
             self.queue.forget(name)
             self.metrics.inc("cnpa_reconciles_total",
                              {"result": "problem" if result.problems else "written"})
-            self.metrics.set("cnpa_last_sync_timestamp_seconds", time.time())
+            self.metrics.set("cnpa_last_successful_sync_timestamp_seconds", time.time())
 
     def worker(self) -> None:
         while not self.stop.is_set():
@@ -186,6 +185,7 @@ class Controller:
         """Every resync period, every TeamSpace is queued: a change no event reported (or one
         missed) is still found. From the cache: no list request."""
         while not self.stop.wait(self.settings.resync_seconds):
+            self.metrics.inc("cnpa_passes_total")
             self.enqueue_all()
 
     def textfile(self) -> None:
@@ -209,7 +209,7 @@ class Controller:
             return self.shutdown(threads)
         self.log(f"caches synced: {len(self.caches.teamspaces)} TeamSpaces, "
                  f"{len(self.caches.namespaces)} namespaces, {len(self.caches.quotas)} quotas")
-        self.metrics.set("cnpa_last_sync_timestamp_seconds", time.time())
+        self.metrics.set("cnpa_last_successful_sync_timestamp_seconds", time.time())
         for i in range(self.settings.workers):
             t = threading.Thread(target=self.worker, name=f"worker-{i}", daemon=True)
             t.start()

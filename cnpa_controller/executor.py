@@ -216,7 +216,7 @@ class Executor:
         if obj.get("kind"):
             self.observe(obj)
         result.writes += 1
-        self.count("cnpa_writes_total", {"step": w["step"]})
+        self.count("cnpa_writes_total", {"step": w["step"], "op": w["op"]})
         self.say(w["teamspace"], w["says"])
         ev = w.get("event")
         if ev:
@@ -333,7 +333,7 @@ class Executor:
                        f"cannot write {path}; keeping the finalizer, deletion waits", now)
             return
         result.writes += 1
-        self.count("cnpa_writes_total", {"step": "archive"})
+        self.count("cnpa_writes_total", {"step": "archive", "op": "write"})
         self.say(name, f"archived to {path}")
 
     @staticmethod

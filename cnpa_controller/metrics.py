@@ -7,15 +7,17 @@ Read them either way (no client library needed on the host):
 
 What the controller exports:
 
-- cnpa_passes_total (counter): full resync passes over every cached TeamSpace.
-- cnpa_reconciles_total (counter): TeamSpaces reconciled (one plan computed and executed).
+- cnpa_passes_total (counter): resyncs, each queueing every cached TeamSpace.
+- cnpa_reconciles_total{result} (counter): TeamSpaces reconciled, by result: converged (nothing
+  to write), written, problem (written, with a problem reported), failed (retried), not_leader
+  (something to write, but another process leads).
 - cnpa_writes_total{step,op} (counter): API writes sent, by plan step (finalizer, namespace,
   quota, status, ...) and operation (create, patch, replace, delete, ...).
 - cnpa_errors_total{reason} (counter): failures, by reason (the plan's and the executor's Event
   reasons, api, conflict, ...).
 - cnpa_queue_depth (gauge): TeamSpaces waiting in the work queue.
-- cnpa_last_successful_sync_timestamp_seconds (gauge): Unix time at which the last pass ended with
-  every TeamSpace reconciled.
+- cnpa_last_successful_sync_timestamp_seconds (gauge): Unix time of the caches' sync or of the
+  last TeamSpace reconciled without failure.
 - cnpa_leader (gauge): 1 while this process holds the Lease and may write, else 0.
 
 Names not in this list may be used too (inc() makes a counter, set() a gauge) and are rendered
@@ -37,13 +39,13 @@ LABEL = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
 
 # name -> (type, help, label names)
 KNOWN: dict[str, tuple[str, str, tuple[str, ...]]] = {
-    "cnpa_passes_total": ("counter", "Full resync passes over every cached TeamSpace.", ()),
-    "cnpa_reconciles_total": ("counter", "TeamSpaces reconciled (one plan computed and executed).", ()),
+    "cnpa_passes_total": ("counter", "Resyncs, each queueing every cached TeamSpace.", ()),
+    "cnpa_reconciles_total": ("counter", "TeamSpaces reconciled, by result.", ("result",)),
     "cnpa_writes_total": ("counter", "API writes sent, by plan step and operation.", ("step", "op")),
     "cnpa_errors_total": ("counter", "Failures, by reason.", ("reason",)),
     "cnpa_queue_depth": ("gauge", "TeamSpaces waiting in the work queue.", ()),
     "cnpa_last_successful_sync_timestamp_seconds": (
-        "gauge", "Unix time at which the last pass ended with every TeamSpace reconciled.", ()),
+        "gauge", "Unix time of the caches' sync or of the last TeamSpace reconciled without failure.", ()),
     "cnpa_leader": ("gauge", "1 while this process holds the Lease and may write, else 0.", ()),
 }
 

@@ -15,7 +15,7 @@ for path in (TESTS.parent, TESTS):
 # throwaway host must run in one worker, in order: each directory's session host is made once per
 # worker, and two workers making "pytest-host" would fight over it. Everything else (unit tests,
 # linters) may go to either worker.
-GROUPS = {"host": "tests/host/", "faults": "tests/faults/",
+GROUPS = {"host": "tests/host/", "controller": "tests/controller/", "faults": "tests/faults/",
           "molecule-default": "tests/molecule/test_molecule.py::test_molecule_default",
           "molecule-controller": "tests/molecule/test_molecule.py::test_molecule_controller"}
 

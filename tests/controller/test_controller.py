@@ -142,3 +142,45 @@ def test_a_broken_archive_directory_keeps_the_finalizer_and_exits_4(host, start_
     wait_for(lambda: get_or_none(host, "teamspace", "ctl-kept") is None, timeout=60,
              what="TeamSpace ctl-kept gone")
     assert json.loads((again.archive / "ctl-kept.json").read_text())["uid"] == t["metadata"]["uid"]
+
+
+def _lease(host, namespace: str) -> dict:
+    return (get_or_none(host, "lease", "cnpa-op", "-n", namespace) or {}).get("spec") or {}
+
+
+def _election_events(host, namespace: str) -> list[str]:
+    items = host.get("events", "-n", namespace, "--field-selector", "reason=LeaderElection")["items"]
+    return [e["message"] for e in items if e["involvedObject"].get("name") == "cnpa-op"]
+
+
+def test_with_leader_election_one_writes_and_the_other_takes_over(host, start_controller):
+    """Two controllers with leader election on, as on two hosts: one holds the Lease and writes,
+    the other writes nothing; when the leader stops (SIGTERM releases the Lease) the other takes
+    over and serves a TeamSpace created meanwhile. Each transition is an Event on the Lease."""
+    ns = "ctl-election"
+    if not host.exists("namespace", ns):
+        host.kubectl("create", "namespace", ns)
+    election = {"CNPA_LEADER_ELECTION": "1", "CNPA_LEASE_NAMESPACE": ns, "CNPA_LEASE_SECONDS": "4",
+                "CNPA_RENEW_SECONDS": "3", "CNPA_LEASE_RETRY_SECONDS": "0.5"}
+    a = start_controller("a", CNPA_LEASE_IDENTITY="ctl-a", **election)
+    b = start_controller("b", CNPA_LEASE_IDENTITY="ctl-b", **election)
+    holder = wait_for(lambda: _lease(host, ns).get("holderIdentity"), timeout=60, what="a Lease holder")
+    leader, other = (a, b) if holder == "ctl-a" else (b, a)
+    host.apply(teamspace("ctl-elected", pods=2))
+    wait_ready(host, "ctl-elected")
+    assert "teamspace ctl-elected: finalizer added" in leader.out()
+    assert "teamspace ctl-elected:" not in other.out()
+    wait_for(lambda: f"{holder} became leader" in _election_events(host, ns), timeout=30,
+             what="the LeaderElection Event of the first leader")
+
+    leader.proc.send_signal(signal.SIGTERM)
+    assert leader.wait(60) == 0
+    successor = "ctl-b" if holder == "ctl-a" else "ctl-a"
+    wait_for(lambda: _lease(host, ns).get("holderIdentity") == successor, timeout=60,
+             what=f"{successor} holding the Lease")
+    host.apply(teamspace("ctl-after", pods=2))
+    wait_ready(host, "ctl-after")
+    assert "teamspace ctl-after: finalizer added" in other.out()
+    assert _lease(host, ns).get("leaseTransitions", 0) >= 1
+    wait_for(lambda: f"{successor} became leader" in _election_events(host, ns), timeout=30,
+             what="the LeaderElection Event of the successor")

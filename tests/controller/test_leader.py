@@ -6,21 +6,19 @@ a killed leader is replaced once its lease expires; a leader frozen past its lea
 not-leader the moment it resumes, and the Lease stays with its successor; a clean shutdown
 releases the Lease; leaseTransitions counts the changes of holder.
 
-The host is named by CNPA_LEASE_HOST (default lease-pytest) and destroyed at the end; with
-CNPA_LEASE_REUSE=1 an existing running host of that name is used and left running. Waits are
-bounded (they only prevent hanging); nothing here asserts a speed.
+The host is the session's (tests/controller/conftest.py). Waits are bounded (they only prevent
+hanging); nothing here asserts a speed.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import re
 import signal
 import time
 
 import pytest
-from hostlib import Host, session_host, wait_for
+from hostlib import Host, wait_for
 from leaderlib import LEASE_SECONDS, Candidate, overlaps
 
 NAMESPACE = "lease-tests"
@@ -28,14 +26,10 @@ WAIT = 30   # bound for a takeover; lease_seconds is 4
 
 
 @pytest.fixture(scope="module")
-def lease_host():
-    if os.geteuid() != 0:
-        pytest.skip("the test host needs root")
-    with session_host(os.environ.get("CNPA_LEASE_HOST", "lease-pytest"), "CNPA_LEASE_REUSE") as inst:
-        host = Host(inst)
-        if not host.exists("namespace", NAMESPACE):
-            host.kubectl("create", "namespace", NAMESPACE)
-        yield host
+def lease_host(host):
+    if not host.exists("namespace", NAMESPACE):
+        host.kubectl("create", "namespace", NAMESPACE)
+    return host
 
 
 @pytest.fixture
