@@ -49,7 +49,8 @@ def path_of(obj: dict, *, collection: bool = False, subresource: str = "") -> st
     meta = obj.get("metadata") or {}
     kind = obj.get("kind")
     plural = {"TeamSpace": "teamspaces", "Namespace": "namespaces",
-              "ResourceQuota": "resourcequotas", "Event": "events", "Lease": "leases"}.get(kind)
+              "ResourceQuota": "resourcequotas", "Event": "events", "Lease": "leases",
+              "ConfigMap": "configmaps"}.get(kind)
     if plural is None:
         raise ValueError(f"no API path known for kind {kind!r}")
     api_version = obj.get("apiVersion") or "v1"

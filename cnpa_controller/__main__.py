@@ -15,6 +15,10 @@ Environment, as reconcile.sh reads it (all optional):
   CNPA_REQUEST_TIMEOUT        per-request timeout, e.g. 10s, 500ms, 1m (default: 10s)
   CNPA_EVENT_NAMESPACE        namespace of the Events recorded on TeamSpaces (default: default)
 New with this controller:
+  CNPA_ARCHIVE_NAMESPACE      also keep every archive record in the cluster, as ConfigMap
+                              archive-UID in this namespace, before the finalizer is released
+                              (default: off; with several controller hosts, a record then
+                              outlives the host that wrote it)
   CNPA_RESYNC_SECONDS         every TeamSpace is re-checked this often, from the cache (default 300)
   CNPA_WORKERS                TeamSpaces reconciled at the same time (default 4, 1-64)
   CNPA_RETRY_MAX_SECONDS      cap of a failed TeamSpace's retry backoff (default 30; the backoff
@@ -106,6 +110,8 @@ def read_config(env: dict) -> dict:
     settings = Settings(
         archive_dir=archive,
         event_namespace=namespace_name(env, "CNPA_EVENT_NAMESPACE", "default"),
+        archive_namespace=(namespace_name(env, "CNPA_ARCHIVE_NAMESPACE", "")
+                           if env.get("CNPA_ARCHIVE_NAMESPACE") else ""),
         request_timeout=duration("CNPA_REQUEST_TIMEOUT", env.get("CNPA_REQUEST_TIMEOUT") or "10s"),
         resync_seconds=number(env, "CNPA_RESYNC_SECONDS", 300, 1, 86400),
         workers=int(number(env, "CNPA_WORKERS", 4, 1, 64, integer=True)),

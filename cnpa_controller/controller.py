@@ -40,6 +40,7 @@ EXIT_ARCHIVE = 4
 class Settings:
     archive_dir: str
     event_namespace: str = "default"
+    archive_namespace: str = ""  # "": records only on this host's disk
     request_timeout: float = 10.0
     resync_seconds: float = 300.0
     workers: int = 4
@@ -106,6 +107,7 @@ class Controller:
                              request_timeout=max(settings.request_timeout, 30.0))
         self.executor = Executor(api, archive_dir=settings.archive_dir,
                                  event_namespace=settings.event_namespace,
+                                 archive_namespace=settings.archive_namespace,
                                  may_write=lambda: self.elector.is_leader(), observe=self.caches.observe,
                                  say=self.say, log=self.log, count=self._count)
 

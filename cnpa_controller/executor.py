@@ -82,6 +82,20 @@ def event_object(teamspace: str, uid: str, type_: str, reason: str, message: str
             "firstTimestamp": now, "lastTimestamp": now, "source": {"component": "cnpa-op"}}
 
 
+ARCHIVE_LABEL = "platform.labhub.io/archived-teamspace"
+
+
+def archive_configmap(teamspace: str, uid: str, record: str, namespace: str) -> dict:
+    """The cluster's copy of an archive record: one ConfigMap per deleted TeamSpace (by uid, so a
+    second TeamSpace of the same name gets its own), labelled with the TeamSpace's name so that
+    `kubectl get configmaps -n NAMESPACE -l platform.labhub.io/archived-teamspace=NAME` finds
+    every record of that name."""
+    return {"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": f"archive-{uid}", "namespace": namespace,
+                         "labels": {MANAGED_BY[0]: MANAGED_BY[1], ARCHIVE_LABEL: teamspace[:63]}},
+            "data": {f"{teamspace}.json": record + "\n"}}
+
+
 def request_of(write: dict, written: dict) -> tuple[str, str, str | None, object]:
     """(method, path, content type, body) of a planned write. written: key -> (resourceVersion,
     uid) of what this pass already wrote, filled into a status replace as reconcile.sh does."""
@@ -142,6 +156,7 @@ def _fsync_path(path: str, directory: bool = False) -> None:
 
 class Executor:
     def __init__(self, api: Api, *, archive_dir: str, event_namespace: str = "default",
+                 archive_namespace: str = "",
                  may_write: Callable[[], bool] = lambda: True,
                  observe: Callable[[dict], None] = lambda obj: None,
                  say: Callable[[str, str], None] = lambda name, what: None,
@@ -150,6 +165,7 @@ class Executor:
         self.api = api
         self.archive_dir = archive_dir
         self.event_namespace = event_namespace
+        self.archive_namespace = archive_namespace
         self.may_write = may_write
         self.observe = observe
         self.say = say
@@ -288,7 +304,9 @@ class Executor:
         except OSError:
             have = None
         if have is not None and have.rstrip("\n") == record:
-            return  # archived by an earlier pass
+            # Archived on this host by an earlier pass; the cluster's copy may still be missing.
+            self._archive_in_cluster(w, record, result, failures, now)
+            return
         # A pass killed between creating the temporary file and renaming it leaves it behind.
         for left in glob.glob(os.path.join(glob.escape(d), f".{glob.escape(name)}.json.??????")):
             try:
@@ -335,6 +353,31 @@ class Executor:
         result.writes += 1
         self.count("cnpa_writes_total", {"step": "archive", "op": "write"})
         self.say(name, f"archived to {path}")
+        self._archive_in_cluster(w, record, result, failures, now)
+
+    def _archive_in_cluster(self, w: dict, record: str, result: Result, failures: list,
+                            now: str) -> None:
+        """With several controller hosts, the host that archived a deletion may die right after
+        releasing the finalizer, and its disk with it: the record is also kept in the cluster,
+        as ConfigMap archive-UID in the archive namespace, before the release. A record already
+        there (an earlier pass, another host) is the record: AlreadyExists is success."""
+        if not self.archive_namespace:
+            return
+        name, uid = w["teamspace"], w["uid"]
+        obj = archive_configmap(name, uid, record, self.archive_namespace)
+        self._check_leader()
+        try:
+            self.api.request("POST", path_of(obj, collection=True), body=obj)
+        except ApiError as exc:
+            if exc.reason == "AlreadyExists":
+                return
+            self._fail(w, result, failures, ARCHIVE_FAILED,
+                       f"cannot keep the archive record in ConfigMap {self.archive_namespace}/"
+                       f"{obj['metadata']['name']} ({exc}); keeping the finalizer, deletion waits", now)
+            return
+        result.writes += 1
+        self.count("cnpa_writes_total", {"step": "archive", "op": "configmap"})
+        self.say(name, f"archived to ConfigMap {self.archive_namespace}/{obj['metadata']['name']}")
 
     @staticmethod
     def _mktemp(d: str, prefix: str) -> tuple[int, str]:

@@ -184,3 +184,26 @@ def test_with_leader_election_one_writes_and_the_other_takes_over(host, start_co
     assert _lease(host, ns).get("leaseTransitions", 0) >= 1
     wait_for(lambda: f"{successor} became leader" in _election_events(host, ns), timeout=30,
              what="the LeaderElection Event of the successor")
+
+
+def test_with_an_archive_namespace_every_record_is_also_kept_in_the_cluster(host, start_controller):
+    """CNPA_ARCHIVE_NAMESPACE: the record of a deletion outlives the host that wrote it (a
+    ConfigMap per deleted TeamSpace, made before the finalizer goes); without the namespace to
+    keep it in, the deletion waits."""
+    ns = "ctl-archive"
+    host.kubectl("delete", "namespace", ns, "--ignore-not-found")
+    c = start_controller("clusterarchive", CNPA_ARCHIVE_NAMESPACE=ns)
+    host.apply(teamspace("ctl-kept-twice", pods=5))
+    uid = wait_ready(host, "ctl-kept-twice")["metadata"]["uid"]
+    host.kubectl("delete", "teamspace", "ctl-kept-twice", "--wait=false")
+    wait_for(lambda: events(host, "ctl-kept-twice", "ArchiveFailed"), timeout=60,
+             what="ArchiveFailed while the archive namespace is missing")
+    t = get_or_none(host, "teamspace", "ctl-kept-twice")
+    assert t is not None and FINALIZER in t["metadata"]["finalizers"]
+    host.kubectl("create", "namespace", ns)
+    wait_for(lambda: get_or_none(host, "teamspace", "ctl-kept-twice") is None, timeout=90,
+             what="TeamSpace ctl-kept-twice gone once the namespace exists")
+    cm = host.get("configmap", f"archive-{uid}", "-n", ns)
+    assert json.loads(cm["data"]["ctl-kept-twice.json"]) == {"name": "ctl-kept-twice", "uid": uid, "pods": 5}
+    assert cm["metadata"]["labels"]["platform.labhub.io/archived-teamspace"] == "ctl-kept-twice"
+    assert json.loads((c.archive / "ctl-kept-twice.json").read_text())["uid"] == uid

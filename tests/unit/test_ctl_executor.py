@@ -244,3 +244,43 @@ def test_archive_temporary_names_match_reconcile_sh_s(tmp_path):
     fd, path = Executor._mktemp(str(tmp_path), ".a.json.")
     os.close(fd)
     assert len(os.path.basename(path)) == len(".a.json.") + 6
+
+
+CM_PATH = "/api/v1/namespaces/cnpa-system/configmaps"
+
+
+def test_with_an_archive_namespace_the_record_is_also_in_the_cluster_before_the_release(tmp_path):
+    order = []
+    api = FakeApi(on_request=lambda method, path, body: order.append((method, path)))
+    result, said, _ = run(api, teamspace(finalizers=[FIN], deleting=True), tmp_path=tmp_path,
+                          archive_namespace="cnpa-system")
+    assert order == [("POST", CM_PATH), ("PATCH", TS_PATH)]
+    cm = api.calls[0][3]
+    assert cm["metadata"]["name"] == "archive-u-1"
+    assert cm["metadata"]["labels"]["platform.labhub.io/archived-teamspace"] == "a"
+    assert cm["data"] == {"a.json": '{"name":"a","uid":"u-1","pods":3}\n'}
+    assert said[-2:] == ["archived to ConfigMap cnpa-system/archive-u-1", "finalizer released"]
+    assert not result.failed
+
+
+def test_a_record_the_cluster_cannot_keep_keeps_the_finalizer(tmp_path):
+    api = FakeApi(fail={("POST", CM_PATH): ApiError(403, "Forbidden", "configmaps is forbidden")})
+    result, _, logged = run(api, teamspace(finalizers=[FIN], deleting=True), tmp_path=tmp_path,
+                            archive_namespace="cnpa-system")
+    assert result.failed and "ArchiveFailed" in result.errors
+    assert ("PATCH", TS_PATH) not in api.writes()
+    assert any("cannot keep the archive record" in line for line in logged)
+    # The next pass finds the record on disk and tries the cluster's copy again, then releases.
+    api = FakeApi()
+    result, _, _ = run(api, teamspace(finalizers=[FIN], deleting=True), tmp_path=tmp_path,
+                       archive_namespace="cnpa-system")
+    assert api.writes() == [("POST", CM_PATH), ("PATCH", TS_PATH)]
+    assert not result.failed
+
+
+def test_a_record_already_in_the_cluster_is_the_record(tmp_path):
+    api = FakeApi(fail={("POST", CM_PATH): ApiError(409, "AlreadyExists", "exists")})
+    result, _, _ = run(api, teamspace(finalizers=[FIN], deleting=True), tmp_path=tmp_path,
+                       archive_namespace="cnpa-system")
+    assert ("PATCH", TS_PATH) in api.writes()
+    assert not result.failed
