@@ -182,6 +182,8 @@ def main(env: dict | None = None) -> int:
     except ConfigError as exc:
         print(f"cnpa-op: {exc}", file=sys.stderr)
         return EXIT_CONFIG
+    # The audit log then tells which process sent a request (every host has the same user).
+    client.user_agent = f"cnpa-controller/{conf['lease']['identity']}"
     api = Api(client, timeout=settings.request_timeout)
 
     metrics = Metrics()

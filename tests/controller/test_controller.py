@@ -153,6 +153,14 @@ def _election_events(host, namespace: str) -> list[str]:
     return [e["message"] for e in items if e["involvedObject"].get("name") == "cnpa-op"]
 
 
+def _writers(host, name: str) -> set[str]:
+    """User agents of the controllers' writes of TeamSpace NAME or its namespace and quota."""
+    return {e.get("userAgent", "") for e in host.audit_lines()
+            if e.get("verb") in ("create", "update", "patch")
+            and e.get("userAgent", "").startswith("cnpa-controller/")
+            and name in (e.get("objectRef", {}).get("name"), e.get("objectRef", {}).get("namespace", "")[5:])}
+
+
 def test_with_leader_election_one_writes_and_the_other_takes_over(host, start_controller):
     """Two controllers with leader election on, as on two hosts: one holds the Lease and writes,
     the other writes nothing; when the leader stops (SIGTERM releases the Lease) the other takes
@@ -170,6 +178,9 @@ def test_with_leader_election_one_writes_and_the_other_takes_over(host, start_co
     wait_ready(host, "ctl-elected")
     assert "teamspace ctl-elected: finalizer added" in leader.out()
     assert "teamspace ctl-elected:" not in other.out()
+    # The audit log tells who wrote: only the leader's process (its user agent names it).
+    wait_for(lambda: _writers(host, "ctl-elected"), timeout=10, what="the audit log's lines")
+    assert _writers(host, "ctl-elected") == {f"cnpa-controller/{holder}"}
     wait_for(lambda: f"{holder} became leader" in _election_events(host, ns), timeout=30,
              what="the LeaderElection Event of the first leader")
 
