@@ -161,6 +161,27 @@ def test_rerun_with_consent_resets_only_the_lab_and_passes(lab):
     assert lab.controller_active()
 
 
+def test_a_failed_verify_prints_the_diagnostics_and_the_check(lab):
+    """verify.yml's rescue: a check that fails prints what to look at (journal, TeamSpaces,
+    Events, evidence, audit log), then fails with the check's own message."""
+    good = lab.sh(f"cat {BASE}/generation.json").stdout
+    bad = json.loads(good)
+    bad["gen_after_spec"] = bad["gen_initial"]  # as if the spec change had not moved generation
+    lab.sh(f"cat > {BASE}/generation.json", input_text=json.dumps(bad))
+    try:
+        proc = lab.playbook("molecule/default/verify.yml")
+    finally:
+        lab.sh(f"cat > {BASE}/generation.json", input_text=good)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0, "verify passed with a wrong generation.json:\n" + _tail(proc)
+    for section in ("===== journalctl -u cnpa-op", "===== kubectl get teamspaces -o yaml",
+                    "===== kubectl get events -A", f"===== {BASE}/generation.json",
+                    "===== tail -n 100 /var/log/kubernetes/audit.log"):
+        assert section in out, f"no diagnostics section {section!r}:\n" + _tail(proc)
+    assert "Check generation.json (step 2)" in out.split("===== tail -n 100")[-1], _tail(proc)
+    assert lab.controller_active()
+
+
 def test_foreign_team_beta_stops_the_run_untouched(lab):
     # Labelled like the lab's namespace, but no TeamSpace controls it: somebody else's.
     lab.apply({"apiVersion": "v1", "kind": "Namespace",
