@@ -130,10 +130,16 @@ def read_config(env: dict) -> dict:
         "name": env.get("CNPA_LEASE_NAME") or "cnpa-op",
         "identity": env.get("CNPA_LEASE_IDENTITY")
         or f"{socket.gethostname()}_{uuid.uuid4().hex[:8]}",
-        "lease_seconds": number(env, "CNPA_LEASE_SECONDS", 15, 2, 3600),
+        # Whole seconds: the Lease's leaseDurationSeconds is an integer, and a fraction cut off
+        # there would let another host take over before this one stops writing.
+        "lease_seconds": number(env, "CNPA_LEASE_SECONDS", 15, 2, 3600, integer=True),
         "renew_seconds": number(env, "CNPA_RENEW_SECONDS", 10, 1, 3600),
         "retry_seconds": number(env, "CNPA_LEASE_RETRY_SECONDS", 2, 0.1, 3600),
     }
+    # It is sent in the User-Agent header too: printable ASCII only, or every request fails.
+    if not re.fullmatch(r"[A-Za-z0-9._-]{1,128}", lease["identity"]):
+        raise ConfigError(f"CNPA_LEASE_IDENTITY={lease['identity']!r}: must be 1-128 of "
+                          "A-Z a-z 0-9 . _ -")
     if not re.fullmatch(r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?", lease["name"]) or len(lease["name"]) > 253:
         raise ConfigError(f"CNPA_LEASE_NAME={lease['name']!r}: must be an object name")
     if not lease["retry_seconds"] < lease["renew_seconds"] < lease["lease_seconds"]:
@@ -147,6 +153,12 @@ def read_config(env: dict) -> dict:
         if not host or not port.isdigit() or not 0 < int(port) < 65536:
             raise ConfigError(f"CNPA_METRICS_ADDRESS={text!r}: must be HOST:PORT")
         metrics_address = (host.strip("[]"), int(port))
+    if election == "1":
+        settings.not_leader_retry_seconds = lease["retry_seconds"]
+        # A write checked against the fence just before it lapses must land before another
+        # host can take over (lease - renew seconds later), or it could land after that host's.
+        settings.write_timeout = min(settings.request_timeout,
+                                     lease["lease_seconds"] - lease["renew_seconds"])
     return {"settings": settings, "election": election == "1", "lease": lease,
             "metrics_address": metrics_address, "kubeconfig": env.get("KUBECONFIG") or ""}
 
@@ -184,11 +196,15 @@ def main(env: dict | None = None) -> int:
         return EXIT_CONFIG
     # The audit log then tells which process sent a request (every host has the same user).
     client.user_agent = f"cnpa-controller/{conf['lease']['identity']}"
-    api = Api(client, timeout=settings.request_timeout)
+    api = Api(client, timeout=settings.write_timeout or settings.request_timeout)
 
     metrics = Metrics()
     if conf["metrics_address"]:
-        metrics.serve(*conf["metrics_address"])
+        try:
+            metrics.serve(*conf["metrics_address"])
+        except OSError as exc:
+            print(f"cnpa-op: CNPA_METRICS_ADDRESS: cannot serve there: {exc}", file=sys.stderr)
+            return EXIT_CONFIG
 
     make_elector = None
     if conf["election"]:
@@ -215,7 +231,8 @@ def main(env: dict | None = None) -> int:
     controller = Controller(api, settings, make_elector=make_elector, metrics=metrics)
 
     def on_signal(signum, frame):
-        controller.log(f"{signal.Signals(signum).name} received; stopping")
+        # Nothing else here: a handler that logged could wait forever on the print lock the
+        # interrupted main thread holds. run() says that it stops.
         controller.stop.set()
 
     signal.signal(signal.SIGTERM, on_signal)

@@ -65,13 +65,13 @@ def object_key(obj: dict) -> str:
 
 
 def _newer(a: str | None, b: str | None) -> bool:
-    """resourceVersion a is newer than b. Versions are opaque to clients, but every API server
-    (etcd's revisions, k3s's kine) makes them increasing integers; anything else counts as newer,
-    so the cache then simply follows the latest thing it was told."""
+    """resourceVersion a is provably newer than b. Versions are opaque to clients, but every API
+    server (etcd's revisions, k3s's kine) makes them increasing integers; with anything else
+    nothing is provably newer, and the cache follows the watch alone."""
     try:
         return int(a) > int(b)  # type: ignore[arg-type]
     except (TypeError, ValueError):
-        return True
+        return False
 
 
 class Gone(Exception):
@@ -132,7 +132,12 @@ class Informer:
             if key in self._deleted and not _newer(rv, self._deleted[key]):
                 return  # the watch reported it deleted after this write: stays deleted
             have = self._store.get(key)
-            if have is None or _newer(rv, (have.get("metadata") or {}).get("resourceVersion")):
+            if have is None:
+                # Absent although the watch is already past this version: it was deleted since
+                # (the tombstones above are bounded and may have been emptied).
+                if not self.resource_version or _newer(rv, self.resource_version):
+                    self._store[key] = obj
+            elif _newer(rv, (have.get("metadata") or {}).get("resourceVersion")):
                 self._store[key] = obj
 
     # -- list and watch ----------------------------------------------------------------------
@@ -141,15 +146,22 @@ class Informer:
         were added, changed or removed since the cache last knew them are handed to on_change."""
         items: dict[str, dict] = {}
         token = None
+        paged = True
         while True:
-            query = {**self.selectors, "limit": self.page_size, "continue": token}
+            query = {**self.selectors, "continue": token}
+            if paged:
+                query["limit"] = self.page_size
             try:
                 page = self.api.request("GET", self.path, query=query,
                                         timeout=self.request_timeout)
             except ApiError as exc:
                 if exc.status == 410 and token:
-                    # The continue token expired (the pages spanned a compaction): start over.
-                    raise Gone(f"list of {self.kind} expired between pages") from exc
+                    # The continue token expired (the pages spanned a compaction). Paging again
+                    # could expire again and again on a busy server: one list in one piece, as
+                    # client-go's reflector falls back to.
+                    self.log(f"list of {self.kind} expired between pages; listing in one piece")
+                    items, token, paged = {}, None, False
+                    continue
                 raise
             for obj in page.get("items") or []:
                 # A list's items carry no kind; the plan and the executor's paths want it.
@@ -160,10 +172,18 @@ class Informer:
             token = meta.get("continue")
             if not token:
                 break
+        list_rv = meta.get("resourceVersion") or ""
         with self._lock:
             old = self._store
+            # What our own writes put here after the list's snapshot is newer than the list: kept
+            # (the watch from list_rv brings it again anyway); everything else is the list's.
+            for key, obj in old.items():
+                rv = (obj.get("metadata") or {}).get("resourceVersion")
+                if _newer(rv, list_rv) and (key not in items or _newer(
+                        rv, items[key]["metadata"].get("resourceVersion"))):
+                    items[key] = obj
             self._store = items
-            self.resource_version = meta.get("resourceVersion") or ""
+            self.resource_version = list_rv
             self.relists += 1
         changed = [obj for key, obj in items.items()
                    if (old.get(key) or {}).get("metadata", {}).get("resourceVersion")
@@ -193,6 +213,7 @@ class Informer:
                 raise Gone(f"watch of {self.kind}: {exc.message}") from exc
             raise
         self._response = resp
+        began, events = time.monotonic(), 0
         try:
             buf = b""
             for chunk in resp.stream(None, decode_content=True):
@@ -202,10 +223,15 @@ class Informer:
                 *lines, buf = buf.split(b"\n")
                 for line in lines:
                     if line.strip():
+                        events += 1
                         self._event(json.loads(line))
         finally:
             self._response = None
             resp.release_conn()
+        if not events and time.monotonic() - began < 1:
+            # A watch the server (or a proxy) ends at once, with nothing in it, is a failure
+            # (client-go's "very short watch"): resumed at once it would spin.
+            raise ApiError(0, "ShortWatch", f"watch of {self.kind} ended at once with no event")
 
     def _event(self, event: dict) -> None:
         kind, obj = event.get("type"), event.get("object") or {}

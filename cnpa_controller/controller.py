@@ -41,7 +41,12 @@ class Settings:
     archive_dir: str
     event_namespace: str = "default"
     archive_namespace: str = ""  # "": records only on this host's disk
+    # A name that found this process not leading is looked at again after this long (about a
+    # renewal of the Lease: CNPA_LEASE_RETRY_SECONDS).
+    not_leader_retry_seconds: float = 2.0
     request_timeout: float = 10.0
+    # The executor's writes time out sooner with leader election (see __main__): 0, request_timeout.
+    write_timeout: float = 0.0
     resync_seconds: float = 300.0
     workers: int = 4
     retry_max_seconds: float = 30.0
@@ -132,6 +137,14 @@ class Controller:
             # Whatever changed while another process led (or none did) is reconciled now.
             self.enqueue_all()
 
+    def _not_leader(self, name: str) -> None:
+        """Something to write, but this process may not write now. Usually another process leads
+        and this one queues everything anyway when it becomes leader; but leadership can also
+        lapse for a moment and come back without a change being reported (a slow renewal), so
+        the name is looked at again once a renewal could have happened."""
+        self.metrics.inc("cnpa_reconciles_total", {"result": "not_leader"})
+        self.queue.add_after(name, self.settings.not_leader_retry_seconds)
+
     def enqueue_all(self) -> None:
         for name in self.caches.teamspaces.list_keys():
             self.queue.add(name)
@@ -149,9 +162,12 @@ class Controller:
             self.metrics.inc("cnpa_reconciles_total", {"result": "converged"})
             return
         if not self.elector.is_leader():
-            self.metrics.inc("cnpa_reconciles_total", {"result": "not_leader"})
-            return  # the leader does it; this one queues everything when it becomes leader
+            self._not_leader(name)
+            return
         result = self.executor.execute(teamspace, writes, now)
+        if result.not_leader:
+            self._not_leader(name)
+            return
         if result.archive_broken:
             self.exit_status = EXIT_ARCHIVE
             self.log(f"archive directory {self.settings.archive_dir} is missing or was replaced; "
@@ -230,6 +246,7 @@ class Controller:
         """Stop taking names, let the passes under way finish (bounded by their requests'
         timeouts), give the Lease up so that another process takes over at once."""
         self.stop.set()
+        self.log("stopping: finishing the passes under way, then giving the Lease up")
         self.queue.shutdown()
         deadline = time.monotonic() + 4 * self.settings.request_timeout + 5
         for t in threads:

@@ -45,13 +45,20 @@ ARCHIVE_FAILED = cnpa_plan.ARCHIVE_FAILED
 CONFLICT = "Conflict"
 MANAGED_BY = ("app.kubernetes.io/managed-by", "cnpa-op")
 CONTENT_TYPES = {"json": "application/json-patch+json", "merge": "application/merge-patch+json"}
-# Events already recorded by this process (names): not sent again. Bounded: when full it is
-# emptied, and the API server's AlreadyExists answers for the few sent again.
+# Events already recorded by this process (name -> when): not sent again for EVENT_RESEND
+# seconds. The API server deletes Events after its TTL (1 h by default), and a problem that lasts
+# must keep its Event as reconcile.sh's passes keep it; a resend of one still there is answered
+# AlreadyExists. Bounded: when full it is emptied.
 RECORDED_EVENTS_MAX = 10000
+EVENT_RESEND = 1800.0
 
 
 class NotLeader(Exception):
     """Leadership was lost before a write: the pass stops, writing nothing more."""
+
+
+class TeamSpaceGone(Exception):
+    """The TeamSpace no longer exists (404 on a write to it): its pass ends, nothing failed."""
 
 
 @dataclass
@@ -61,6 +68,7 @@ class Result:
     failed: bool = False  # some write failed (conflicts included): retry with backoff
     problems: bool = False  # the plan reported what no write can fix
     not_leader: bool = False
+    gone: bool = False  # the TeamSpace was gone when written to
     archive_broken: bool = False
     errors: list = field(default_factory=list)  # reasons of the failures
 
@@ -171,7 +179,7 @@ class Executor:
         self.say = say
         self.log = log
         self.count = count
-        self._recorded: set[str] = set()
+        self._recorded: dict[str, float] = {}
 
     # -- one TeamSpace ---------------------------------------------------------------------
     def execute(self, teamspace: dict, writes: list, now: str) -> Result:
@@ -200,6 +208,8 @@ class Executor:
                 reason, message = failures[0]
                 for w in cnpa_plan.failed_status(teamspace, reason, message, now):
                     self._send(w, written, result, [], now)
+        except TeamSpaceGone:
+            self.log(f"TeamSpace {teamspace['metadata']['name']}: gone; nothing more to write")
         except NotLeader:
             result.not_leader = True
             self.log(f"TeamSpace {teamspace['metadata']['name']}: no longer the leader; "
@@ -246,6 +256,11 @@ class Executor:
                       now: str) -> None:
         step, op, name = w["step"], w["op"], w["teamspace"]
         err = str(exc) or "no message"
+        if exc.status == 404 and (w.get("object") or {}).get("kind") == "TeamSpace":
+            # The TeamSpace itself is gone (released a moment ago, the watch not there yet):
+            # nothing to retry and nothing to tell its owner.
+            result.gone = True
+            raise TeamSpaceGone()
         if step == "namespace" and op == "create" and exc.reason == "AlreadyExists":
             if self._namespace_labelled(w["object"]["metadata"]["name"]):
                 # Ours (or labelled for a TeamSpace, which the plan judges): the cache has not
@@ -400,7 +415,7 @@ class Executor:
             return
         obj = event_object(name, uid, type_, reason, message, self.event_namespace, now)
         ev = obj["metadata"]["name"]
-        if ev in self._recorded:
+        if time.monotonic() - self._recorded.get(ev, -EVENT_RESEND) < EVENT_RESEND:
             return
         self._check_leader()
         try:
@@ -413,4 +428,4 @@ class Executor:
             self.say(name, f"event {type_} {reason} recorded")
         if len(self._recorded) >= RECORDED_EVENTS_MAX:
             self._recorded.clear()
-        self._recorded.add(ev)
+        self._recorded[ev] = time.monotonic()

@@ -151,7 +151,10 @@ def test_an_expired_continue_token_restarts_the_list():
                {None: {"metadata": {"resourceVersion": "40"}, "items": [obj("team-b", 6)]}}],
         watches=[Stream([])])
     inf, _ = run_informer(api, page_size=1)
-    assert [q["continue"] for k, q in api.calls if k == "list"] == [None, "p2", None]
+    lists = [q for k, q in api.calls if k == "list"]
+    assert [q["continue"] for q in lists] == [None, "p2", None]
+    # Then one list in one piece (paging again could expire again and again).
+    assert "limit" in lists[0] and "limit" not in lists[2]
     assert sorted(inf.list_keys()) == ["team-b"] and inf.relists == 1
 
 
@@ -200,3 +203,43 @@ def test_a_watch_error_event_other_than_gone_resumes_without_relist(code):
     inf, _ = run_informer(api)
     assert inf.relists == 1
     assert [q["resourceVersion"] for k, q in api.calls if k == "watch"][:2] == ["10", "10"]
+
+
+def test_a_watch_that_ends_at_once_with_nothing_is_a_failure_not_a_spin():
+    inf = Informer(None, "Namespace", "/x")
+    inf.api = type("A", (), {"open": lambda self, *a, **k: Stream([])})()
+    with pytest.raises(ApiError, match="ended at once"):
+        inf.watch(threading.Event())
+    inf.api = type("A", (), {"open": lambda self, *a, **k: Stream(
+        [{"type": "ADDED", "object": obj("team-a", 3)}])})()
+    inf.watch(threading.Event())  # an event came: an ordinary end
+    assert inf.list_keys() == ["team-a"]
+
+
+def test_a_relist_keeps_what_our_writes_put_there_after_its_snapshot():
+    api = FakeApi(pages=[{None: {"metadata": {"resourceVersion": "40"},
+                                 "items": [obj("team-a", 35)]}}], watches=[])
+    inf = Informer(api, "Namespace", "/x")
+    inf.resource_version = "30"
+    inf.observe(obj("team-new", 50))   # our write, after the list's snapshot
+    inf.observe(obj("team-a", 45))     # our write to team-a, newer than the list's copy
+    inf._store["team-old"] = obj("team-old", 20)   # deleted before the snapshot
+    inf.relist()
+    assert sorted(inf.list_keys()) == ["team-a", "team-new"]
+    assert inf.get("team-a")["metadata"]["resourceVersion"] == "45"
+
+
+def test_an_answer_older_than_the_watch_does_not_bring_an_object_back():
+    inf = Informer(None, "Namespace", "/x")
+    inf.resource_version = "100"
+    inf.observe(obj("team-gone", 90))  # the watch is past 90 and has no team-gone: deleted
+    assert inf.get("team-gone") is None
+    inf.observe(obj("team-new", 110))
+    assert inf.get("team-new") is not None
+
+
+def test_opaque_resource_versions_follow_the_watch():
+    inf = Informer(None, "Namespace", "/x")
+    for rv in ("a1", "b7", "c3"):
+        inf._event({"type": "MODIFIED", "object": obj("team-a", rv)})
+    assert inf.get("team-a")["metadata"]["resourceVersion"] == "c3"

@@ -284,3 +284,22 @@ def test_a_record_already_in_the_cluster_is_the_record(tmp_path):
                        archive_namespace="cnpa-system")
     assert ("PATCH", TS_PATH) in api.writes()
     assert not result.failed
+
+
+def test_a_teamspace_gone_when_written_is_no_failure_and_no_event(tmp_path):
+    api = FakeApi(fail={("PATCH", TS_PATH): ApiError(404, "NotFound", "teamspaces \"a\" not found")})
+    result, _, _ = run(api, teamspace(finalizers=[FIN], deleting=True), tmp_path=tmp_path)
+    assert result.gone and not result.failed
+    assert not [c for c in api.calls if c[1].endswith("/events")]
+
+
+def test_a_lasting_problem_gets_its_event_again_once_the_server_may_have_dropped_it(monkeypatch):
+    t = teamspace(name="Bad_Name")
+    api = FakeApi()
+    ex = Executor(api, archive_dir="/nonexistent")
+    for _ in range(2):
+        ex.execute(t, cnpa_plan.plan(t, None, None, NOW), NOW)
+    assert len([c for c in api.calls if c[1].endswith("/events")]) == 1
+    monkeypatch.setattr("cnpa_controller.executor.EVENT_RESEND", 0.0)
+    ex.execute(t, cnpa_plan.plan(t, None, None, NOW), NOW)
+    assert len([c for c in api.calls if c[1].endswith("/events")]) == 2

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -24,6 +25,12 @@ ROOT = Path(__file__).resolve().parents[2]
     ({"CNPA_LEADER_ELECTION": "yes"}, "CNPA_LEADER_ELECTION"),
     ({"CNPA_RENEW_SECONDS": "20"}, "CNPA_RENEW_SECONDS"),
     ({"CNPA_METRICS_ADDRESS": "nowhere"}, "CNPA_METRICS_ADDRESS"),
+    # The Lease holds whole seconds: 2.9 would be written as 2, shorter than the fence's 2.5.
+    ({"CNPA_LEASE_SECONDS": "2.9", "CNPA_RENEW_SECONDS": "2.5", "CNPA_LEASE_RETRY_SECONDS": "1"},
+     "CNPA_LEASE_SECONDS"),
+    # Sent in the User-Agent header: a newline would fail every request while the process runs on.
+    ({"CNPA_LEASE_IDENTITY": "host\nx"}, "CNPA_LEASE_IDENTITY"),
+    ({"CNPA_LEASE_IDENTITY": "h\u00f6st"}, "CNPA_LEASE_IDENTITY"),
     ({"KUBECONFIG": "/nonexistent/kubeconfig"}, "KUBECONFIG"),
 ])
 def test_bad_values_exit_3_naming_the_variable(env, named):
@@ -49,3 +56,27 @@ def test_durations_as_kubectl_takes_them():
     assert duration("X", "1m") == 60 and duration("X", "7") == 7
     with pytest.raises(ConfigError):
         duration("X", "0s")
+
+
+def test_a_metrics_port_in_use_exits_3(tmp_path):
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(
+        "apiVersion: v1\nkind: Config\nclusters: [{name: c, cluster: {server: 'https://127.0.0.1:1'}}]\n"
+        "users: [{name: u, user: {token: t}}]\ncontexts: [{name: x, context: {cluster: c, user: u}}]\n"
+        "current-context: x\n")
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("CNPA_", "KUBECONFIG"))}
+        env.update(KUBECONFIG=str(kubeconfig), CNPA_ARCHIVE_DIR=str(tmp_path / "archive"),
+                   CNPA_METRICS_ADDRESS=f"127.0.0.1:{taken.getsockname()[1]}")
+        proc = subprocess.run([sys.executable, "-m", "cnpa_controller"], cwd=ROOT, env=env,
+                              capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 3, proc.stderr
+    assert "CNPA_METRICS_ADDRESS" in proc.stderr
+
+
+def test_with_leader_election_writes_time_out_before_another_host_could_take_over():
+    s = read_config({})["settings"]
+    assert s.write_timeout == 5 and s.not_leader_retry_seconds == 2
+    assert read_config({"CNPA_LEADER_ELECTION": "0"})["settings"].write_timeout == 0
