@@ -1,0 +1,224 @@
+"""python3 -m cnpa_controller: cnpa-op's long-running TeamSpace controller.
+
+Watches TeamSpaces, their namespaces and quotas, and reconciles each TeamSpace whose objects
+changed with the plan reconcile.sh uses (cnpa_plan.py, importable beside this package). Runs until
+SIGTERM or SIGINT, then finishes the passes under way, gives up its Lease and exits 0.
+
+stdout (the journal): one line per write that went through ("teamspace NAME: WHAT"), as
+reconcile.sh prints them. stderr: problems ("cnpa-op: TeamSpace NAME: MESSAGE") and the
+controller's own news (caches synced, leadership, watches re-listed).
+
+Environment, as reconcile.sh reads it (all optional):
+  KUBECONFIG                  kubeconfig (default: ~/.kube/config, else in-cluster config)
+  CNPA_BASE_DIR               base directory (default: /root/cnpa-op)
+  CNPA_ARCHIVE_DIR            archive directory (default: $CNPA_BASE_DIR/archive)
+  CNPA_REQUEST_TIMEOUT        per-request timeout, e.g. 10s, 500ms, 1m (default: 10s)
+  CNPA_EVENT_NAMESPACE        namespace of the Events recorded on TeamSpaces (default: default)
+New with this controller:
+  CNPA_RESYNC_SECONDS         every TeamSpace is re-checked this often, from the cache (default 300)
+  CNPA_WORKERS                TeamSpaces reconciled at the same time (default 4, 1-64)
+  CNPA_RETRY_MAX_SECONDS      cap of a failed TeamSpace's retry backoff (default 30; the backoff
+                              starts at 0.5 s and doubles)
+  CNPA_WATCH_TIMEOUT_SECONDS  server-side timeout of a watch before it is resumed (default 300,
+                              jittered up to twice that)
+  CNPA_LIST_PAGE_SIZE         objects per page of a full list (default 500)
+  CNPA_LEADER_ELECTION        1: hold a coordination.k8s.io Lease, write only while leader;
+                              0: this process is the only writer (default 1)
+  CNPA_LEASE_NAMESPACE        namespace of the Lease (default: default)
+  CNPA_LEASE_NAME             name of the Lease (default: cnpa-op)
+  CNPA_LEASE_IDENTITY         this process's identity in the Lease (default: HOSTNAME_RANDOM)
+  CNPA_LEASE_SECONDS          lease duration (default 15)
+  CNPA_RENEW_SECONDS          a leader that has not renewed for this long stops writing
+                              (default 10; less than CNPA_LEASE_SECONDS)
+  CNPA_LEASE_RETRY_SECONDS    interval of acquire/renew attempts (default 2; less than
+                              CNPA_RENEW_SECONDS)
+  CNPA_METRICS_ADDRESS        HOST:PORT to serve Prometheus metrics on /metrics (default: off)
+  CNPA_METRICS_TEXTFILE       file for node_exporter's textfile collector, rewritten every
+                              CNPA_METRICS_TEXTFILE_SECONDS (default 15) (default: off)
+
+Exit status: 0 stopped by a signal; 3 bad configuration (the message names the variable);
+4 the archive directory is missing or was replaced (as reconcile.sh: systemd restarts the
+service, whose sandbox then binds the directory anew).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import signal
+import socket
+import sys
+import uuid
+
+from .controller import EXIT_CONFIG, Controller, Settings
+
+
+class ConfigError(Exception):
+    pass
+
+
+_DURATION = re.compile(r"([0-9]+(?:\.[0-9]+)?)(ms|s|m|h)?")
+_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
+
+
+def duration(var: str, text: str) -> float:
+    """kubectl's --request-timeout form (reconcile.sh passes the variable to kubectl)."""
+    m = _DURATION.fullmatch(text.strip())
+    if not m or float(m.group(1)) == 0:
+        raise ConfigError(f"{var}={text!r}: must be a positive duration such as 10s, 500ms or 1m")
+    seconds = float(m.group(1)) * {"ms": 0.001, "s": 1, "m": 60, "h": 3600}[m.group(2) or "s"]
+    if not 0.1 <= seconds <= 3600:
+        raise ConfigError(f"{var}={text!r}: must be between 100ms and 1h")
+    return seconds
+
+
+def number(env: dict, var: str, default: float, low: float, high: float, *,
+           integer: bool = False) -> float:
+    text = env.get(var, "")
+    if text == "":
+        return default
+    try:
+        value = int(text) if integer else float(text)
+    except ValueError:
+        value = None
+    if value is None or not low <= value <= high:
+        kind = "a whole number" if integer else "a number"
+        raise ConfigError(f"{var}={text!r}: must be {kind} from {low:g} to {high:g}")
+    return value
+
+
+def namespace_name(env: dict, var: str, default: str) -> str:
+    value = env.get(var) or default
+    if len(value) > 63 or not _DNS_LABEL.fullmatch(value):
+        raise ConfigError(f"{var}={value!r}: must be a namespace name (a DNS label)")
+    return value
+
+
+def read_config(env: dict) -> dict:
+    """Every setting, checked; ConfigError names the first bad variable."""
+    base = env.get("CNPA_BASE_DIR") or "/root/cnpa-op"
+    archive = env.get("CNPA_ARCHIVE_DIR") or os.path.join(base, "archive")
+    if not os.path.isabs(archive):
+        raise ConfigError(f"CNPA_ARCHIVE_DIR={archive!r}: must be an absolute path")
+    settings = Settings(
+        archive_dir=archive,
+        event_namespace=namespace_name(env, "CNPA_EVENT_NAMESPACE", "default"),
+        request_timeout=duration("CNPA_REQUEST_TIMEOUT", env.get("CNPA_REQUEST_TIMEOUT") or "10s"),
+        resync_seconds=number(env, "CNPA_RESYNC_SECONDS", 300, 1, 86400),
+        workers=int(number(env, "CNPA_WORKERS", 4, 1, 64, integer=True)),
+        retry_max_seconds=number(env, "CNPA_RETRY_MAX_SECONDS", 30, 0.5, 3600),
+        watch_timeout_seconds=int(number(env, "CNPA_WATCH_TIMEOUT_SECONDS", 300, 10, 3600,
+                                         integer=True)),
+        list_page_size=int(number(env, "CNPA_LIST_PAGE_SIZE", 500, 1, 10000, integer=True)),
+        metrics_textfile=env.get("CNPA_METRICS_TEXTFILE") or "",
+        metrics_textfile_seconds=number(env, "CNPA_METRICS_TEXTFILE_SECONDS", 15, 1, 3600),
+    )
+    election = env.get("CNPA_LEADER_ELECTION", "1")
+    if election not in ("0", "1"):
+        raise ConfigError(f"CNPA_LEADER_ELECTION={election!r}: must be 0 or 1")
+    lease = {
+        "namespace": namespace_name(env, "CNPA_LEASE_NAMESPACE", "default"),
+        "name": env.get("CNPA_LEASE_NAME") or "cnpa-op",
+        "identity": env.get("CNPA_LEASE_IDENTITY")
+        or f"{socket.gethostname()}_{uuid.uuid4().hex[:8]}",
+        "lease_seconds": number(env, "CNPA_LEASE_SECONDS", 15, 2, 3600),
+        "renew_seconds": number(env, "CNPA_RENEW_SECONDS", 10, 1, 3600),
+        "retry_seconds": number(env, "CNPA_LEASE_RETRY_SECONDS", 2, 0.1, 3600),
+    }
+    if not re.fullmatch(r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?", lease["name"]) or len(lease["name"]) > 253:
+        raise ConfigError(f"CNPA_LEASE_NAME={lease['name']!r}: must be an object name")
+    if not lease["retry_seconds"] < lease["renew_seconds"] < lease["lease_seconds"]:
+        raise ConfigError("CNPA_LEASE_RETRY_SECONDS < CNPA_RENEW_SECONDS < CNPA_LEASE_SECONDS must "
+                          f"hold (got {lease['retry_seconds']:g}, {lease['renew_seconds']:g}, "
+                          f"{lease['lease_seconds']:g})")
+    metrics_address = None
+    text = env.get("CNPA_METRICS_ADDRESS") or ""
+    if text:
+        host, _, port = text.rpartition(":")
+        if not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ConfigError(f"CNPA_METRICS_ADDRESS={text!r}: must be HOST:PORT")
+        metrics_address = (host.strip("[]"), int(port))
+    return {"settings": settings, "election": election == "1", "lease": lease,
+            "metrics_address": metrics_address, "kubeconfig": env.get("KUBECONFIG") or ""}
+
+
+def api_client(kubeconfig: str, pool_size: int):
+    try:
+        from kubernetes import client, config
+    except ImportError as exc:
+        raise ConfigError(f"the kubernetes Python client is not installed ({exc})") from exc
+
+    cfg = client.Configuration()
+    path = kubeconfig or os.path.expanduser("~/.kube/config")
+    if kubeconfig or os.path.exists(path) or not os.environ.get("KUBERNETES_SERVICE_HOST"):
+        try:
+            config.load_kube_config(config_file=path, client_configuration=cfg)
+        except Exception as exc:
+            raise ConfigError(f"KUBECONFIG={path!r}: cannot load it: {exc}") from exc
+    else:
+        config.load_incluster_config(client_configuration=cfg)
+    # Three watches, the workers and the Lease each hold a connection.
+    cfg.connection_pool_maxsize = pool_size
+    return client.ApiClient(cfg)
+
+
+def _module(name: str):
+    """An optional sibling module (leader, metrics), or None where it is not installed."""
+    if importlib.util.find_spec(f"{__package__}.{name}") is None:
+        return None
+    return importlib.import_module(f"{__package__}.{name}")
+
+
+def main(env: dict | None = None) -> int:
+    env = dict(os.environ if env is None else env)
+    from . import Api
+
+    try:
+        conf = read_config(env)
+        settings = conf["settings"]
+        client = api_client(conf["kubeconfig"], settings.workers + 8)
+    except ConfigError as exc:
+        print(f"cnpa-op: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
+    api = Api(client, timeout=settings.request_timeout)
+
+    metrics = None
+    if conf["metrics_address"] or settings.metrics_textfile:
+        mod = _module("metrics")
+        if mod is None:
+            print("cnpa-op: CNPA_METRICS_* set but cnpa_controller/metrics.py is not installed",
+                  file=sys.stderr)
+            return EXIT_CONFIG
+        metrics = mod.Metrics()
+        if conf["metrics_address"]:
+            metrics.serve(*conf["metrics_address"])
+
+    make_elector = None
+    if conf["election"]:
+        mod = _module("leader")
+        if mod is None:
+            print("cnpa-op: leader election is not installed (cnpa_controller/leader.py); "
+                  "running as the only writer", file=sys.stderr)
+        else:
+            lease = conf["lease"]
+
+            def make_elector(on_change):
+                return mod.Elector(client, lease["namespace"], lease["name"], lease["identity"],
+                                   lease_seconds=lease["lease_seconds"],
+                                   renew_seconds=lease["renew_seconds"],
+                                   retry_seconds=lease["retry_seconds"], on_change=on_change)
+
+    controller = Controller(api, settings, make_elector=make_elector, metrics=metrics)
+
+    def on_signal(signum, frame):
+        controller.log(f"{signal.Signals(signum).name} received; stopping")
+        controller.stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    return controller.run()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,339 @@
+"""Watch-fed caches of the objects the plan reads: TeamSpaces, their namespaces and quotas.
+
+One informer per kind: it lists the kind once (paginated, so a large cluster is read in bounded
+pieces), then watches from the list's resourceVersion. The cache is what the workers read, so an
+idle controller sends no list requests at all; each change reaches it as one watch event, and the
+handler queues the name of the TeamSpace the object concerns (never the event itself: the worker
+reads the whole current state, level-triggered, as reconcile.sh does).
+
+What each informer asks for is what reconcile.sh lists, and for the same reasons:
+- every TeamSpace (cluster-scoped);
+- the namespaces that carry our label `platform.labhub.io/teamspace` (any value). A namespace
+  team-X made by somebody else without our label is not in the cache: the plan then plans to
+  create team-X, the create fails with AlreadyExists, and the executor reports NamespaceNotOurs
+  (reconcile.sh's behaviour; the failure is retried with backoff, so a foreign namespace that is
+  deleted later is noticed within the retry cap). One that carries our label for another
+  TeamSpace, or without our ownerReference, is in the cache and the plan reports it.
+- the quotas named team-quota (fieldSelector metadata.name=team-quota), in any namespace.
+
+A watch ends normally after the server's timeout (timeoutSeconds, jittered so that the kinds do
+not all reconnect at once) and is resumed from the last resourceVersion seen (bookmarks keep it
+fresh, so a resume rarely finds it too old). A resume that is answered 410 Gone (the version was
+compacted away) starts a full relist; any other break (connection lost, API server restarted)
+is retried with capped exponential backoff, and a relist that fails is retried the same way.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import threading
+import time
+from typing import Callable
+
+from cnpa_plan import API_VERSION, LABEL, QUOTA
+
+from . import Api, ApiError
+
+NAMESPACE_PREFIX = "team-"
+
+
+def teamspace_of_teamspace(obj: dict) -> str | None:
+    return (obj.get("metadata") or {}).get("name") or None
+
+
+def teamspace_of_namespace(obj: dict) -> str | None:
+    """Namespace team-X concerns TeamSpace X, whatever its label says (the plan judges that)."""
+    name = (obj.get("metadata") or {}).get("name") or ""
+    if name.startswith(NAMESPACE_PREFIX) and len(name) > len(NAMESPACE_PREFIX):
+        return name[len(NAMESPACE_PREFIX):]
+    return None
+
+
+def teamspace_of_quota(obj: dict) -> str | None:
+    """Quota team-quota in namespace team-X concerns TeamSpace X; other quotas none."""
+    meta = obj.get("metadata") or {}
+    if meta.get("name") != QUOTA:
+        return None
+    return teamspace_of_namespace({"metadata": {"name": meta.get("namespace") or ""}})
+
+
+def object_key(obj: dict) -> str:
+    meta = obj.get("metadata") or {}
+    ns = meta.get("namespace")
+    return f"{ns}/{meta.get('name')}" if ns else str(meta.get("name"))
+
+
+def _newer(a: str | None, b: str | None) -> bool:
+    """resourceVersion a is newer than b. Versions are opaque to clients, but every API server
+    (etcd's revisions, k3s's kine) makes them increasing integers; anything else counts as newer,
+    so the cache then simply follows the latest thing it was told."""
+    try:
+        return int(a) > int(b)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return True
+
+
+class Gone(Exception):
+    """The resourceVersion asked for is too old (410): only a relist helps."""
+
+
+class Informer:
+    """A cache of one kind of object, filled by list and watch, in a thread of its own (run)."""
+
+    def __init__(self, api: Api, kind: str, path: str, *, label_selector: str | None = None,
+                 field_selector: str | None = None,
+                 on_change: Callable[[dict], None] = lambda obj: None,
+                 log: Callable[[str], None] = lambda msg: None,
+                 page_size: int = 500, watch_timeout: int = 300, backoff_cap: float = 30.0,
+                 request_timeout: float = 30.0) -> None:
+        self.api = api
+        self.kind = kind
+        self.path = path
+        self.selectors = {"labelSelector": label_selector, "fieldSelector": field_selector}
+        self.on_change = on_change
+        self.log = log
+        self.page_size = page_size
+        self.watch_timeout = watch_timeout
+        self.backoff_cap = backoff_cap
+        self.request_timeout = request_timeout
+        self.synced = threading.Event()
+        self.resource_version = ""
+        self.relists = 0  # full lists made (the first one included)
+        self.watches = 0  # watch requests made
+        self._lock = threading.Lock()
+        self._store: dict[str, dict] = {}
+        self._deleted: dict[str, str | None] = {}  # key -> resourceVersion of its deletion
+        self._response = None
+
+    # -- reading the cache -----------------------------------------------------------------
+    def get(self, key: str) -> dict | None:
+        with self._lock:
+            return self._store.get(key)
+
+    def list_keys(self) -> list[str]:
+        with self._lock:
+            return list(self._store)
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._store)
+
+    def observe(self, obj: dict) -> None:
+        """Take in an object a write of ours returned: the cache must not wait for the watch to
+        learn what we just wrote (a pass planned on the older copy would write it again, or take
+        our own new namespace for somebody else's). An older copy never replaces a newer one."""
+        key = object_key(obj)
+        meta = obj.get("metadata") or {}
+        rv = meta.get("resourceVersion")
+        if meta.get("deletionTimestamp") and not meta.get("finalizers"):
+            return  # our write released its last finalizer: it is gone, not to be cached
+        with self._lock:
+            if key in self._deleted and not _newer(rv, self._deleted[key]):
+                return  # the watch reported it deleted after this write: stays deleted
+            have = self._store.get(key)
+            if have is None or _newer(rv, (have.get("metadata") or {}).get("resourceVersion")):
+                self._store[key] = obj
+
+    # -- list and watch ----------------------------------------------------------------------
+    def relist(self) -> None:
+        """List every object (in pages of page_size) and replace the cache; the objects that
+        were added, changed or removed since the cache last knew them are handed to on_change."""
+        items: dict[str, dict] = {}
+        token = None
+        while True:
+            query = {**self.selectors, "limit": self.page_size, "continue": token}
+            try:
+                page = self.api.request("GET", self.path, query=query,
+                                        timeout=self.request_timeout)
+            except ApiError as exc:
+                if exc.status == 410 and token:
+                    # The continue token expired (the pages spanned a compaction): start over.
+                    raise Gone(f"list of {self.kind} expired between pages") from exc
+                raise
+            for obj in page.get("items") or []:
+                # A list's items carry no kind; the plan and the executor's paths want it.
+                obj.setdefault("kind", self.kind)
+                obj.setdefault("apiVersion", API_VERSION if self.kind == "TeamSpace" else "v1")
+                items[object_key(obj)] = obj
+            meta = page.get("metadata") or {}
+            token = meta.get("continue")
+            if not token:
+                break
+        with self._lock:
+            old = self._store
+            self._store = items
+            self.resource_version = meta.get("resourceVersion") or ""
+            self.relists += 1
+        changed = [obj for key, obj in items.items()
+                   if (old.get(key) or {}).get("metadata", {}).get("resourceVersion")
+                   != obj["metadata"].get("resourceVersion")]
+        changed += [obj for key, obj in old.items() if key not in items]
+        self.synced.set()
+        for obj in changed:
+            self.on_change(obj)
+
+    def watch(self, stop: threading.Event) -> None:
+        """One watch from the current resourceVersion until the server ends it or it breaks."""
+        # Jitter (as client-go's reflector): kinds and replicas do not all reconnect together.
+        timeout = int(self.watch_timeout * (1 + random.random()))
+        query = {**self.selectors, "watch": "1", "resourceVersion": self.resource_version,
+                 "allowWatchBookmarks": "true", "timeoutSeconds": timeout}
+        self.watches += 1
+        import urllib3  # the kubernetes client's own dependency
+
+        # The read timeout outlives the server's by a margin: a connection that went silent
+        # (host gone, no FIN) is noticed instead of waited on forever.
+        try:
+            resp = self.api.open("GET", self.path, query=query,
+                                 timeout=urllib3.Timeout(connect=self.request_timeout,
+                                                         read=timeout + 30))
+        except ApiError as exc:
+            if exc.status == 410:
+                raise Gone(f"watch of {self.kind}: {exc.message}") from exc
+            raise
+        self._response = resp
+        try:
+            buf = b""
+            for chunk in resp.stream(None, decode_content=True):
+                if stop.is_set():
+                    return
+                buf += chunk
+                *lines, buf = buf.split(b"\n")
+                for line in lines:
+                    if line.strip():
+                        self._event(json.loads(line))
+        finally:
+            self._response = None
+            resp.release_conn()
+
+    def _event(self, event: dict) -> None:
+        kind, obj = event.get("type"), event.get("object") or {}
+        if kind == "ERROR":
+            if obj.get("code") == 410:
+                raise Gone(f"watch of {self.kind}: {obj.get('message')}")
+            raise ApiError(int(obj.get("code") or 0), str(obj.get("reason") or ""),
+                           str(obj.get("message") or "watch error"))
+        rv = (obj.get("metadata") or {}).get("resourceVersion")
+        if kind == "BOOKMARK":
+            self.resource_version = rv or self.resource_version
+            return
+        if kind not in ("ADDED", "MODIFIED", "DELETED"):
+            return
+        key = object_key(obj)
+        with self._lock:
+            if kind == "DELETED":
+                self._store.pop(key, None)
+                # Remembered (a bounded while) so that the answer to one of our writes,
+                # taken in after this event, does not bring the object back.
+                if len(self._deleted) >= 10000:
+                    self._deleted.clear()
+                self._deleted[key] = rv
+            else:
+                have = self._store.get(key)
+                # A copy our own write put here may be newer than this event (which then
+                # reports an earlier change): keep it; the watch brings ours next.
+                if have is None or not _newer(have["metadata"].get("resourceVersion"), rv):
+                    self._store[key] = obj
+            self.resource_version = rv or self.resource_version
+        self.on_change(obj)
+
+    def run(self, stop: threading.Event) -> None:
+        """List, then watch and resume until stop is set; relist on 410 Gone. Failures are
+        retried with exponential backoff capped at backoff_cap seconds."""
+        delay = 0.0
+        need_list = True
+        while not stop.is_set():
+            if delay:
+                stop.wait(delay)
+                if stop.is_set():
+                    return
+            started = time.monotonic()
+            try:
+                if need_list:
+                    self.relist()
+                    need_list = False
+                    started = time.monotonic()
+                self.watch(stop)
+                delay = 0.0
+            except Gone as exc:
+                self.log(f"{exc}; listing {self.kind} again")
+                need_list = True
+                # Paced: a server that answers every watch with 410 must not be made to list
+                # everything in a tight loop.
+                delay = min(self.backoff_cap, max(0.2, delay * 2))
+            except Exception as exc:  # a broken stream, no connection, a refused request
+                if stop.is_set():
+                    return
+                # A watch that ran for a while before it broke is a fresh failure, not one more.
+                if not need_list and time.monotonic() - started > 60:
+                    delay = 0.0
+                delay = min(self.backoff_cap, max(0.2, delay * 2))
+                what = "list" if need_list else "watch"
+                self.log(f"{what} of {self.kind} failed ({exc}); retrying in {delay:.1f} s")
+
+    def close(self) -> None:
+        """Break the current watch (at shutdown), so that its thread ends."""
+        resp = self._response
+        if resp is not None:
+            try:
+                resp.shutdown() if hasattr(resp, "shutdown") else resp.close()
+            except Exception:
+                pass
+
+
+class Caches:
+    """The three informers of the controller, feeding one handler with TeamSpace names."""
+
+    def __init__(self, api: Api, enqueue: Callable[[str], None],
+                 log: Callable[[str], None] = lambda msg: None, **options) -> None:
+        def handler(mapping: Callable[[dict], str | None]) -> Callable[[dict], None]:
+            def on_change(obj: dict) -> None:
+                name = mapping(obj)
+                if name:
+                    enqueue(name)
+            return on_change
+
+        self.teamspaces = Informer(api, "TeamSpace", f"/apis/{API_VERSION}/teamspaces",
+                                   on_change=handler(teamspace_of_teamspace), log=log, **options)
+        self.namespaces = Informer(api, "Namespace", "/api/v1/namespaces", label_selector=LABEL,
+                                   on_change=handler(teamspace_of_namespace), log=log, **options)
+        self.quotas = Informer(api, "ResourceQuota", "/api/v1/resourcequotas",
+                               field_selector=f"metadata.name={QUOTA}",
+                               on_change=handler(teamspace_of_quota), log=log, **options)
+        self.all = (self.teamspaces, self.namespaces, self.quotas)
+        self._threads: list[threading.Thread] = []
+
+    def start(self, stop: threading.Event) -> None:
+        for inf in self.all:
+            t = threading.Thread(target=inf.run, args=(stop,), name=f"informer-{inf.kind}",
+                                 daemon=True)
+            t.start()
+            self._threads.append(t)
+
+    def wait_synced(self, stop: threading.Event, timeout: float | None = None) -> bool:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        for inf in self.all:
+            while not inf.synced.wait(0.2):
+                if stop.is_set() or (deadline is not None and time.monotonic() > deadline):
+                    return False
+        return True
+
+    def synced(self) -> bool:
+        return all(inf.synced.is_set() for inf in self.all)
+
+    def state(self, name: str) -> tuple[dict | None, dict | None, dict | None]:
+        """The TeamSpace NAME, namespace team-NAME and its quota, as the caches have them."""
+        ns = f"{NAMESPACE_PREFIX}{name}"
+        return (self.teamspaces.get(name), self.namespaces.get(ns),
+                self.quotas.get(f"{ns}/{QUOTA}"))
+
+    def observe(self, obj: dict) -> None:
+        inf = {"TeamSpace": self.teamspaces, "Namespace": self.namespaces,
+               "ResourceQuota": self.quotas}.get(obj.get("kind"))
+        if inf is not None:
+            inf.observe(obj)
+
+    def close(self) -> None:
+        for inf in self.all:
+            inf.close()

@@ -1,0 +1,244 @@
+"""The controller's loop: caches, queue, workers, resync, leadership and shutdown.
+
+Each worker takes a TeamSpace name from the queue and reads the TeamSpace, namespace team-NAME
+and its quota FROM THE CACHES: the whole current state, never the delta of the event that queued
+the name (level-triggered, like a reconcile.sh pass). It asks the plan what to write and, only
+while this process is the leader, has the executor write it. Workers start only once every cache
+has synced: a plan made on a half-filled namespace cache would try to create namespaces that
+exist and report them as somebody else's.
+
+Every process keeps its caches warm, leader or not, so a process that becomes the leader queues
+every TeamSpace and reconciles at once, without listing anything.
+
+Metrics (through metrics.Metrics when configured): cnpa_reconciles_total{result=converged|
+written|problem|failed|not_leader}, cnpa_writes_total{step}, cnpa_errors_total{reason},
+cnpa_queue_depth, cnpa_last_sync_timestamp_seconds (caches synced, or a TeamSpace reconciled
+without failure), cnpa_leader.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+import traceback
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import cnpa_plan
+
+from . import Api
+from .cache import Caches
+from .executor import Executor
+from .workqueue import WorkQueue
+
+EXIT_OK = 0
+EXIT_CONFIG = 3
+EXIT_ARCHIVE = 4
+
+
+@dataclass
+class Settings:
+    archive_dir: str
+    event_namespace: str = "default"
+    request_timeout: float = 10.0
+    resync_seconds: float = 300.0
+    workers: int = 4
+    retry_max_seconds: float = 30.0
+    watch_timeout_seconds: int = 300
+    list_page_size: int = 500
+    metrics_textfile: str = ""
+    metrics_textfile_seconds: float = 15.0
+
+
+class AlwaysLeader:
+    """Stand-in for leader.Elector (same methods) where no leader election runs: this process
+    is the only writer."""
+
+    def __init__(self, on_change: Callable[[bool], None] | None = None) -> None:
+        self.on_change = on_change
+
+    def is_leader(self) -> bool:
+        return True
+
+    def run(self, stop: threading.Event) -> None:
+        if self.on_change is not None:
+            self.on_change(True)
+        stop.wait()
+
+    def release(self) -> None:
+        pass
+
+
+class NoMetrics:
+    """Stand-in for metrics.Metrics (same methods) when metrics are not wanted."""
+
+    def inc(self, name: str, labels: dict | None = None, by: float = 1) -> None:
+        pass
+
+    def set(self, name: str, value: float, labels: dict | None = None) -> None:
+        pass
+
+    def write_textfile(self, path: str) -> None:
+        pass
+
+
+def utc_now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+class Controller:
+    def __init__(self, api: Api, settings: Settings, *,
+                 make_elector: Callable[[Callable[[bool], None]], Any] | None = None,
+                 metrics: Any = None, out=None, err=None) -> None:
+        self.api = api
+        self.settings = settings
+        self.out = out or sys.stdout
+        self.err = err or sys.stderr
+        self._print_lock = threading.Lock()
+        self.metrics = metrics or NoMetrics()
+        # The elector tells this controller when leadership changes (on_change).
+        self.elector = (make_elector or AlwaysLeader)(self.leader_changed)
+        self.stop = threading.Event()
+        self.exit_status = EXIT_OK
+        self.queue = WorkQueue(retry_cap=settings.retry_max_seconds)
+        self.caches = Caches(api, self.queue.add, log=self.log, page_size=settings.list_page_size,
+                             watch_timeout=settings.watch_timeout_seconds,
+                             request_timeout=max(settings.request_timeout, 30.0))
+        self.executor = Executor(api, archive_dir=settings.archive_dir,
+                                 event_namespace=settings.event_namespace,
+                                 may_write=lambda: self.elector.is_leader(), observe=self.caches.observe,
+                                 say=self.say, log=self.log, count=self._count)
+
+    # -- output (the journal) --------------------------------------------------------------
+    def say(self, name: str, what: str) -> None:
+        """One line per write that went through, as reconcile.sh prints them."""
+        with self._print_lock:
+            print(f"teamspace {name}: {what}", file=self.out, flush=True)
+
+    def log(self, msg: str) -> None:
+        with self._print_lock:
+            print(f"cnpa-op: {msg}", file=self.err, flush=True)
+
+    def _count(self, name: str, labels: dict | None = None) -> None:
+        self.metrics.inc(name, labels)
+
+    # -- leadership --------------------------------------------------------------------------
+    def leader_changed(self, leading: bool) -> None:
+        self.log("became the leader" if leading else "lost the leadership; not writing")
+        self.metrics.set("cnpa_leader", 1 if leading else 0)
+        if leading:
+            # Whatever changed while another process led (or none did) is reconciled now.
+            self.enqueue_all()
+
+    def enqueue_all(self) -> None:
+        for name in self.caches.teamspaces.list_keys():
+            self.queue.add(name)
+
+    # -- one TeamSpace ---------------------------------------------------------------------
+    def reconcile(self, name: str) -> None:
+        teamspace, namespace, quota = self.caches.state(name)
+        if teamspace is None:
+            self.queue.forget(name)  # gone: its namespace goes with it (ownerReference)
+            return
+        now = utc_now()
+        writes = cnpa_plan.plan(teamspace, namespace, quota, now)
+        if not writes:
+            self.queue.forget(name)
+            self.metrics.inc("cnpa_reconciles_total", {"result": "converged"})
+            return
+        if not self.elector.is_leader():
+            self.metrics.inc("cnpa_reconciles_total", {"result": "not_leader"})
+            return  # the leader does it; this one queues everything when it becomes leader
+        result = self.executor.execute(teamspace, writes, now)
+        if result.archive_broken:
+            self.exit_status = EXIT_ARCHIVE
+            self.log(f"archive directory {self.settings.archive_dir} is missing or was replaced; "
+                     "exiting with status 4 so that the service restarts with fresh mounts")
+            self.stop.set()
+        if result.failed:
+            delay = self.queue.retry(name)
+            self.metrics.inc("cnpa_reconciles_total", {"result": "failed"})
+            self.log(f"TeamSpace {name}: retrying in {delay:.1f} s")
+        else:
+            self.queue.forget(name)
+            self.metrics.inc("cnpa_reconciles_total",
+                             {"result": "problem" if result.problems else "written"})
+            self.metrics.set("cnpa_last_sync_timestamp_seconds", time.time())
+
+    def worker(self) -> None:
+        while not self.stop.is_set():
+            name = self.queue.get(timeout=1.0)
+            if name is None:
+                continue
+            try:
+                self.reconcile(name)
+            except Exception:
+                # One bad object never stops the others: logged, retried with backoff.
+                self.log(f"TeamSpace {name}: internal error, retrying:\n{traceback.format_exc()}")
+                self.metrics.inc("cnpa_errors_total", {"reason": "InternalError"})
+                self.queue.retry(name)
+            finally:
+                self.queue.done(name)
+                self.metrics.set("cnpa_queue_depth", len(self.queue))
+
+    def resync(self) -> None:
+        """Every resync period, every TeamSpace is queued: a change no event reported (or one
+        missed) is still found. From the cache: no list request."""
+        while not self.stop.wait(self.settings.resync_seconds):
+            self.enqueue_all()
+
+    def textfile(self) -> None:
+        while not self.stop.wait(self.settings.metrics_textfile_seconds):
+            self._write_textfile()
+
+    def _write_textfile(self) -> None:
+        try:
+            self.metrics.write_textfile(self.settings.metrics_textfile)
+        except OSError as exc:
+            self.log(f"cannot write the metrics textfile: {exc}")
+
+    # -- the whole run -----------------------------------------------------------------------
+    def run(self) -> int:
+        threads = [threading.Thread(target=self.elector.run, args=(self.stop,), name="elector",
+                                    daemon=True)]
+        threads[0].start()
+        self.caches.start(self.stop)
+        self.log("listing TeamSpaces, namespaces and quotas")
+        if not self.caches.wait_synced(self.stop):
+            return self.shutdown(threads)
+        self.log(f"caches synced: {len(self.caches.teamspaces)} TeamSpaces, "
+                 f"{len(self.caches.namespaces)} namespaces, {len(self.caches.quotas)} quotas")
+        self.metrics.set("cnpa_last_sync_timestamp_seconds", time.time())
+        for i in range(self.settings.workers):
+            t = threading.Thread(target=self.worker, name=f"worker-{i}", daemon=True)
+            t.start()
+            threads.append(t)
+        extra = [self.resync]
+        if self.settings.metrics_textfile:
+            extra.append(self.textfile)
+        for target in extra:
+            t = threading.Thread(target=target, name=target.__name__, daemon=True)
+            t.start()
+            threads.append(t)
+        self.stop.wait()
+        return self.shutdown(threads)
+
+    def shutdown(self, threads: list) -> int:
+        """Stop taking names, let the passes under way finish (bounded by their requests'
+        timeouts), give the Lease up so that another process takes over at once."""
+        self.stop.set()
+        self.queue.shutdown()
+        deadline = time.monotonic() + 4 * self.settings.request_timeout + 5
+        for t in threads:
+            if t.name.startswith("worker-"):
+                t.join(max(0.0, deadline - time.monotonic()))
+        try:
+            self.elector.release()
+        except Exception as exc:
+            self.log(f"could not release the Lease: {exc}")
+        self.caches.close()
+        if self.settings.metrics_textfile:
+            self._write_textfile()
+        self.log("stopped")
+        return self.exit_status

@@ -1,0 +1,373 @@
+"""Send one TeamSpace's planned writes, with reconcile.sh's semantics.
+
+The plan (cnpa_plan.plan) decides every write; this module only carries them out, one TeamSpace
+at a time, and so each write's error belongs to that TeamSpace by construction:
+- steps in the plan's order (cnpa_plan.STEPS); a write that fails leaves its TeamSpace out of the
+  later steps, so its status never claims what is not in place;
+- a status replace carries the resourceVersion our own earlier write returned (else it would
+  conflict with it) and the uid of the namespace created a moment ago;
+- the archive record of a deleting TeamSpace is written to a temporary file, flushed, renamed and
+  its directory flushed before its finalizer may be released; an earlier record of the same name
+  with another uid is kept as NAME.UID.json; an archive directory that is missing or was replaced
+  (the service's sandbox still binds the old one) refuses every release: the controller then
+  exits 4, as reconcile.sh does, so that systemd restarts it with fresh mounts;
+- a quota's guarded replace (resourceVersion) that fails is followed by its fallback, an
+  unguarded merge patch, sent alone;
+- patches of a TeamSpace are guarded by its uid (a JSON patch test op): a TeamSpace deleted and
+  made again under the same name since the cache saw it is never patched by mistake;
+- a conflict (optimistic concurrency) is routine: logged, retried, no Event; another failure is a
+  Warning Event and, unless it was the status write itself, Ready False (cnpa_plan.failed_status);
+- Events are named from (uid, reason, message), as reconcile.sh names them, so a problem is one
+  Event however often it is seen; the Events of the plan's writes (QuotaReverted) go out once the
+  write went through.
+"""
+
+from __future__ import annotations
+
+import copy
+import errno
+import glob
+import hashlib
+import json
+import os
+import random
+import string
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import cnpa_plan
+from cnpa_plan import API_VERSION, LABEL, NAMESPACE_NOT_OURS, STEPS
+
+from . import Api, ApiError, path_of
+
+ARCHIVE_FAILED = cnpa_plan.ARCHIVE_FAILED
+CONFLICT = "Conflict"
+MANAGED_BY = ("app.kubernetes.io/managed-by", "cnpa-op")
+CONTENT_TYPES = {"json": "application/json-patch+json", "merge": "application/merge-patch+json"}
+# Events already recorded by this process (names): not sent again. Bounded: when full it is
+# emptied, and the API server's AlreadyExists answers for the few sent again.
+RECORDED_EVENTS_MAX = 10000
+
+
+class NotLeader(Exception):
+    """Leadership was lost before a write: the pass stops, writing nothing more."""
+
+
+@dataclass
+class Result:
+    """What became of one TeamSpace's pass."""
+    writes: int = 0
+    failed: bool = False  # some write failed (conflicts included): retry with backoff
+    problems: bool = False  # the plan reported what no write can fix
+    not_leader: bool = False
+    archive_broken: bool = False
+    errors: list = field(default_factory=list)  # reasons of the failures
+
+
+def event_name(teamspace: str, uid: str, reason: str, message: str) -> str:
+    """reconcile.sh's name of an Event: one per (TeamSpace uid, reason, message)."""
+    digest = hashlib.sha256(f"{uid}\n{reason}\n{message}".encode()).hexdigest()[:16]
+    return f"{teamspace[:200]}.cnpa.{digest}"
+
+
+def event_object(teamspace: str, uid: str, type_: str, reason: str, message: str,
+                 namespace: str, now: str) -> dict:
+    return {"apiVersion": "v1", "kind": "Event",
+            "metadata": {"name": event_name(teamspace, uid, reason, message), "namespace": namespace,
+                         "labels": {MANAGED_BY[0]: MANAGED_BY[1]}},
+            "involvedObject": {"apiVersion": API_VERSION, "kind": "TeamSpace", "name": teamspace,
+                               "uid": uid},
+            "type": type_, "reason": reason, "message": message[:1024], "count": 1,
+            "firstTimestamp": now, "lastTimestamp": now, "source": {"component": "cnpa-op"}}
+
+
+def request_of(write: dict, written: dict) -> tuple[str, str, str | None, object]:
+    """(method, path, content type, body) of a planned write. written: key -> (resourceVersion,
+    uid) of what this pass already wrote, filled into a status replace as reconcile.sh does."""
+    obj = write["object"]
+    verb, sub = write["verb"], write.get("subresource") or ""
+    if verb == "create":
+        return "POST", path_of(obj, collection=True), None, obj
+    if verb == "replace":
+        body = obj
+        if write["step"] == "status":
+            body = copy.deepcopy(obj)
+            if write["key"] in written:
+                body["metadata"]["resourceVersion"] = written[write["key"]][0]
+            fill = (write.get("fill") or {}).get("namespaceUID")
+            if fill:
+                body["status"]["namespaceUID"] = (written.get(fill) or (None, None))[1]
+        return "PUT", path_of(obj, subresource=sub), None, body
+    if verb == "patch":
+        body = write["patch"]
+        if write["patch_type"] == "json" and obj.get("kind") == "TeamSpace" and write.get("uid"):
+            body = [{"op": "test", "path": "/metadata/uid", "value": write["uid"]}, *body]
+        return "PATCH", path_of(obj, subresource=sub), CONTENT_TYPES[write["patch_type"]], body
+    raise ValueError(f"the plan has a verb this executor does not know: {verb!r}")
+
+
+def is_conflict(exc: ApiError) -> bool:
+    """Somebody wrote the object since it was read: routine, retried, not worth an Event. A JSON
+    patch whose test op failed (the list or the uid changed meanwhile) is one too."""
+    if exc.status == 409 and exc.reason != "AlreadyExists":
+        return True
+    # What the API server answers when a JSON patch's test op fails (reconcile.sh's is_conflict
+    # matches kubectl's rendering of the same answer).
+    text = exc.message.lower()
+    return exc.status == 422 and ("rejected our request due to an error in our request" in text
+                                  or "testing value" in text)
+
+
+def archive_directory_broken(path: str) -> bool:
+    """The directory was removed or replaced since the service's sandbox bound it (it sees a
+    deleted directory, link count 0, or the read-only file system beneath once the kernel has
+    detached the bind mount), or it is missing and cannot be made."""
+    try:
+        if os.path.isdir(path) and os.stat(path).st_nlink == 0:
+            return True
+        os.makedirs(path, exist_ok=True)
+        return bool(os.statvfs(path).f_flag & os.ST_RDONLY)
+    except OSError:
+        return True
+
+
+def _fsync_path(path: str, directory: bool = False) -> None:
+    fd = os.open(path, os.O_RDONLY | (os.O_DIRECTORY if directory else 0))
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class Executor:
+    def __init__(self, api: Api, *, archive_dir: str, event_namespace: str = "default",
+                 may_write: Callable[[], bool] = lambda: True,
+                 observe: Callable[[dict], None] = lambda obj: None,
+                 say: Callable[[str, str], None] = lambda name, what: None,
+                 log: Callable[[str], None] = lambda msg: None,
+                 count: Callable[..., None] = lambda name, labels=None: None) -> None:
+        self.api = api
+        self.archive_dir = archive_dir
+        self.event_namespace = event_namespace
+        self.may_write = may_write
+        self.observe = observe
+        self.say = say
+        self.log = log
+        self.count = count
+        self._recorded: set[str] = set()
+
+    # -- one TeamSpace ---------------------------------------------------------------------
+    def execute(self, teamspace: dict, writes: list, now: str) -> Result:
+        result = Result()
+        order = {s: i for i, s in enumerate(STEPS)}
+        written: dict[str, tuple] = {}
+        failures: list[tuple[str, str]] = []
+        try:
+            for w in sorted(writes, key=lambda w: order[w["step"]]):
+                if result.failed:
+                    break  # later steps of a TeamSpace whose write failed are left out
+                step = w["step"]
+                if step == "problem":
+                    result.problems = True
+                    self.log(f"TeamSpace {w['teamspace']}: {w['event']['message']}")
+                    self.event(w["teamspace"], w["uid"], w["event"]["type"], w["event"]["reason"],
+                               w["event"]["message"], now)
+                elif step == "archive":
+                    self._archive(w, result, failures)
+                elif step in ("finalizer", "release", "namespace", "quota", "status"):
+                    self._send(w, written, result, failures, now)
+                else:
+                    raise ValueError(f"the plan has a step this executor does not know: {step}")
+            # Writes that failed for a reason the owner should see: Ready False, once.
+            if failures and not teamspace["metadata"].get("deletionTimestamp"):
+                reason, message = failures[0]
+                for w in cnpa_plan.failed_status(teamspace, reason, message, now):
+                    self._send(w, written, result, [], now)
+        except NotLeader:
+            result.not_leader = True
+            self.log(f"TeamSpace {teamspace['metadata']['name']}: no longer the leader; "
+                     "pass stopped before its next write")
+        return result
+
+    def _check_leader(self) -> None:
+        if not self.may_write():
+            raise NotLeader()
+
+    def _send(self, w: dict, written: dict, result: Result, failures: list, now: str) -> None:
+        self._check_leader()
+        try:
+            obj = self._request(w, written)
+        except ApiError as exc:
+            if not w.get("fallback"):
+                self._failed_write(w, exc, result, failures, now)
+                return
+            # The guarded replace lost (to quota admission's status updates, or to an edit):
+            # the fallback cannot lose, and what it says is about this quota only.
+            w = {**{k: v for k, v in w.items() if k != "fallback"}, **w["fallback"]}
+            self._check_leader()
+            try:
+                obj = self._request(w, written)
+            except ApiError as exc2:
+                self._failed_write(w, exc2, result, failures, now)
+                return
+        meta = obj.get("metadata") or {}
+        written[w["key"]] = (meta.get("resourceVersion"), meta.get("uid"))
+        if obj.get("kind"):
+            self.observe(obj)
+        result.writes += 1
+        self.count("cnpa_writes_total", {"step": w["step"]})
+        self.say(w["teamspace"], w["says"])
+        ev = w.get("event")
+        if ev:
+            self.event(w["teamspace"], w["uid"], ev["type"], ev["reason"], ev["message"], now)
+
+    def _request(self, w: dict, written: dict) -> dict:
+        method, path, ctype, body = request_of(w, written)
+        return self.api.request(method, path, body=body, content_type=ctype)
+
+    def _failed_write(self, w: dict, exc: ApiError, result: Result, failures: list,
+                      now: str) -> None:
+        step, op, name = w["step"], w["op"], w["teamspace"]
+        err = str(exc) or "no message"
+        if step == "namespace" and op == "create" and exc.reason == "AlreadyExists":
+            if self._namespace_labelled(w["object"]["metadata"]["name"]):
+                # Ours (or labelled for a TeamSpace, which the plan judges): the cache has not
+                # seen it yet. Retried, and then the plan sees it.
+                self._fail(w, result, failures, CONFLICT,
+                           f"namespace create: {err}; the cache had not seen it yet, retrying", now)
+            else:
+                self._fail(w, result, failures, NAMESPACE_NOT_OURS,
+                           f"namespace team-{name} already exists and is not managed by cnpa-op "
+                           f"(no {LABEL}={name} label); not adopting or modifying it - delete or "
+                           "rename it", now)
+        elif is_conflict(exc) or (exc.reason == "AlreadyExists" and step == "quota"):
+            self._fail(w, result, failures, CONFLICT,
+                       f"{step} {op} conflicted with another write ({err}); retrying", now)
+        else:
+            self._fail(w, result, failures, f"{step.capitalize()}{op.capitalize()}Failed",
+                       f"{step} {op} failed: {err}; retrying", now)
+
+    def _namespace_labelled(self, ns: str) -> bool:
+        try:
+            obj = self.api.request("GET", f"/api/v1/namespaces/{ns}")
+        except ApiError:
+            return False
+        return LABEL in ((obj.get("metadata") or {}).get("labels") or {})
+
+    def _fail(self, w: dict, result: Result, failures: list, reason: str, message: str,
+              now: str) -> None:
+        """A write for one TeamSpace did not go through. The owner learns why from an Event and
+        the Ready condition (conflicts excepted)."""
+        result.failed = True
+        result.errors.append(reason)
+        self.count("cnpa_errors_total", {"reason": reason})
+        self.log(f"TeamSpace {w['teamspace']}: {message}")
+        if reason == CONFLICT:
+            return
+        self.event(w["teamspace"], w["uid"], "Warning", reason, message, now)
+        if w["step"] != "status":
+            failures.append((reason, message))
+
+    # -- archive -----------------------------------------------------------------------------
+    def _archive(self, w: dict, result: Result, failures: list) -> None:
+        now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        name, uid, d = w["teamspace"], w["uid"], self.archive_dir
+        if archive_directory_broken(d):
+            result.archive_broken = True
+            self._fail(w, result, failures, ARCHIVE_FAILED,
+                       f"archive directory {d} is missing or was replaced while cnpa-op runs; "
+                       "keeping the finalizer until the service restarts (deletion waits)", now)
+            return
+        self._check_leader()
+        record = json.dumps(w["record"], separators=(",", ":"), ensure_ascii=False)
+        path = os.path.join(d, f"{name}.json" if len(name) <= 240 else f"{uid}.json")
+        try:
+            with open(path, encoding="utf-8") as fh:
+                have = fh.read()
+        except OSError:
+            have = None
+        if have is not None and have.rstrip("\n") == record:
+            return  # archived by an earlier pass
+        # A pass killed between creating the temporary file and renaming it leaves it behind.
+        for left in glob.glob(os.path.join(glob.escape(d), f".{glob.escape(name)}.json.??????")):
+            try:
+                os.unlink(left)
+            except OSError:
+                pass
+        if have is not None:
+            try:
+                old = json.loads(have).get("uid") or ""
+            except (ValueError, AttributeError):
+                old = ""
+            if old and old != uid:
+                keep = os.path.join(d, f"{name}.{old}.json" if len(name) <= 200 else f"{old}.json")
+                if not os.path.exists(keep):
+                    try:
+                        with open(keep, "x", encoding="utf-8") as fh:
+                            fh.write(have)
+                            fh.flush()
+                            os.fsync(fh.fileno())
+                    except OSError:
+                        self._fail(w, result, failures, ARCHIVE_FAILED,
+                                   f"cannot keep the earlier record of {name} as {keep}; keeping "
+                                   "the finalizer, deletion waits", now)
+                        return
+        tmp = None
+        try:
+            fd, tmp = self._mktemp(d, f".{name}.json.")
+            with os.fdopen(fd, "w", encoding="utf-8") as fh:
+                fh.write(record + "\n")
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.replace(tmp, path)
+            tmp = None
+            _fsync_path(d, directory=True)
+        except OSError:
+            if tmp:
+                try:
+                    os.unlink(tmp)
+                except OSError:
+                    pass
+            self._fail(w, result, failures, ARCHIVE_FAILED,
+                       f"cannot write {path}; keeping the finalizer, deletion waits", now)
+            return
+        result.writes += 1
+        self.count("cnpa_writes_total", {"step": "archive"})
+        self.say(name, f"archived to {path}")
+
+    @staticmethod
+    def _mktemp(d: str, prefix: str) -> tuple[int, str]:
+        """mktemp's .NAME.json.XXXXXX (six characters, as reconcile.sh leaves them: either
+        controller removes the other's leftovers)."""
+        chars = string.ascii_letters + string.digits
+        for _ in range(100):
+            path = os.path.join(d, prefix + "".join(random.choices(chars, k=6)))
+            try:
+                return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644), path
+            except FileExistsError:
+                continue
+        raise OSError(errno.EEXIST, "no free temporary name", d)
+
+    # -- Events ------------------------------------------------------------------------------
+    def event(self, name: str, uid: str, type_: str, reason: str, message: str, now: str) -> None:
+        """Record a problem as an Event on the TeamSpace, once per distinct problem. Best effort:
+        a failure is logged, never fatal."""
+        if not uid:
+            return
+        obj = event_object(name, uid, type_, reason, message, self.event_namespace, now)
+        ev = obj["metadata"]["name"]
+        if ev in self._recorded:
+            return
+        self._check_leader()
+        try:
+            self.api.request("POST", path_of(obj, collection=True), body=obj)
+        except ApiError as exc:
+            if exc.reason != "AlreadyExists":
+                self.log(f"TeamSpace {name}: could not record the Event {reason}: {exc}")
+                return
+        else:
+            self.say(name, f"event {type_} {reason} recorded")
+        if len(self._recorded) >= RECORDED_EVENTS_MAX:
+            self._recorded.clear()
+        self._recorded.add(ev)

@@ -1,0 +1,379 @@
+"""Leader election over a coordination.k8s.io/v1 Lease, with client-go's leaderelection semantics.
+
+Every controller host runs an Elector; exactly one of them reconciles (the one that holds the
+Lease), the others watch the Lease and take it over when its holder stops renewing it.
+
+How it decides (as client-go's `tryAcquireOrRenew`, checked against its source):
+- The Lease records holderIdentity, leaseDurationSeconds, acquireTime, renewTime and
+  leaseTransitions. A candidate takes it only when it is free (no holder), or expired: no change
+  of the record seen for leaseDurationSeconds, measured from when THIS process last saw the record
+  change, on its own monotonic clock. renewTime is written for people and other tools but never
+  compared with our clock, so clock skew between hosts does not matter (only their rates do).
+- Every write is a PUT (or the first POST) carrying the resourceVersion that was read: of two
+  candidates that both saw the lease expire, the second write fails with 409 Conflict, so two can
+  never both win. leaseTransitions is incremented when the holder changes.
+- The holder renews every retry period. Unlike client-go, a record that names our identity counts
+  as ours only if it is exactly the record we last wrote: a second process with the same identity
+  (a restarted service beside a frozen old one) is treated as another holder, never renewed over.
+  After a crash the restarted process therefore waits one lease duration; a clean shutdown calls
+  release(), which frees the Lease at once (client-go's ReleaseOnCancel).
+
+Fencing: is_leader() is True only while the local monotonic clock is before the start of the last
+successful acquire/renew write + renew_seconds. Others can take over only lease_seconds after they
+saw that write, which landed after it started, so with renew_seconds < lease_seconds a process
+that was frozen (SIGSTOP, a stalled VM) finds is_leader() False the moment it resumes, before it
+could send anything. The remaining window is a write already past its is_leader() check when the
+process froze; callers check is_leader() immediately before each write.
+
+Errors of the API are logged and retried; run() never raises. Transitions are logged as one line
+naming the identity and the Lease, and reported through on_change(bool); lease_event() records
+them as an Event on the Lease for `kubectl describe lease`.
+
+Identity: unique per process is best (e.g. hostname plus a random suffix); the hostname alone
+works too (see above for what a restart then costs).
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import logging
+import random
+import threading
+import time
+from typing import Callable
+
+log = logging.getLogger("cnpa_controller.leader")
+
+LEASES = "/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases"
+EVENTS = "/api/v1/namespaces/{namespace}/events"
+MANAGED_BY = ("app.kubernetes.io/managed-by", "cnpa-op")
+RECORD_FIELDS = ("holderIdentity", "leaseDurationSeconds", "acquireTime", "renewTime", "leaseTransitions")
+# Candidates that are not leading poll with jitter (as client-go's JitterUntil) so that they do
+# not all hit the API server in the same instant after a leader goes.
+JITTER = 0.2
+
+# -- the API, with plain dicts, across client versions ------------------------------------------
+
+
+class ApiError(Exception):
+    """A request failed: status is the HTTP status, 0 when no response came at all."""
+
+    def __init__(self, status: int, reason: str, body: str = "") -> None:
+        super().__init__(f"{status} {reason}: {body[:300]}")
+        self.status = status
+        self.reason = reason
+        self.body = body
+
+
+def request(api, method: str, path: str, body: dict | None = None, *, timeout: float = 10.0) -> dict:
+    """One API request with a JSON body, returning the decoded JSON response as a dict.
+
+    Works with the kubernetes client's two generations: up to 34.x `ApiClient.call_api(path,
+    method, ..., _preload_content=False)`, from 35.0 `param_serialize` + `call_api` (whose
+    generated methods validate bodies as models, which plain dicts are not). No response models
+    are built: the dicts are what the API server sent.
+    """
+    headers = {"Accept": "application/json"}
+    if body is not None:
+        headers["Content-Type"] = "application/json"
+    try:
+        if hasattr(api, "param_serialize"):
+            req = api.param_serialize(method=method, resource_path=path, header_params=headers,
+                                      body=body, auth_settings=["BearerToken"])
+            resp = api.call_api(*req, _request_timeout=timeout)
+            resp.read()
+            status, data = resp.status, resp.data
+        else:
+            resp = api.call_api(path, method, header_params=headers, body=body,
+                                auth_settings=["BearerToken"], _preload_content=False,
+                                _return_http_data_only=True, _request_timeout=timeout)
+            status, data = resp.status, resp.data
+    except ApiError:
+        raise
+    except Exception as err:
+        status = getattr(err, "status", None)
+        if status:
+            raise ApiError(int(status), str(getattr(err, "reason", "")),
+                           _text(getattr(err, "body", "") or "")) from err
+        raise ApiError(0, type(err).__name__, str(err)) from err
+    text = _text(data)
+    if not 200 <= status <= 299:
+        raise ApiError(status, _reason(text), text)
+    try:
+        return json.loads(text) if text else {}
+    except ValueError as err:
+        raise ApiError(status, "InvalidResponse", text) from err
+
+
+def _text(data) -> str:
+    return data.decode("utf-8", "replace") if isinstance(data, bytes) else str(data)
+
+
+def _reason(text: str) -> str:
+    try:
+        return str(json.loads(text).get("reason", ""))
+    except (ValueError, AttributeError):
+        return ""
+
+
+def micro_time(wall: float) -> str:
+    """A metav1.MicroTime: RFC 3339 with microseconds, in UTC."""
+    return datetime.datetime.fromtimestamp(wall, datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+# -- the pure decisions ---------------------------------------------------------------------------
+
+
+def record_of(lease: dict) -> dict:
+    """The election record of a Lease: the spec fields client-go compares to notice a change."""
+    spec = lease.get("spec") or {}
+    return {k: spec.get(k) for k in RECORD_FIELDS}
+
+
+def decide(record: dict, identity: str, mine: dict | None, observed_at: float, now: float,
+           lease_seconds: float) -> str:
+    """What to do with a Lease whose record is `record`: "renew", "acquire" or "wait".
+
+    mine is the record of our last successful write (None if we never wrote one), observed_at the
+    local monotonic time at which this record was first seen (it changes whenever the record
+    does), now the local monotonic time. lease_seconds is our own duration, used when the record
+    states none.
+    """
+    holder = record.get("holderIdentity") or ""
+    if holder == identity and record == mine:
+        return "renew"
+    if not holder:
+        return "acquire"
+    duration = record.get("leaseDurationSeconds") or lease_seconds
+    if now >= observed_at + duration:
+        return "acquire"
+    return "wait"
+
+
+def next_spec(record: dict, identity: str, action: str, lease_seconds: float, wall: float) -> dict:
+    """The spec to write for `action` ("renew" or "acquire") over the current record."""
+    now = micro_time(wall)
+    transitions = record.get("leaseTransitions") or 0
+    spec = {"holderIdentity": identity, "leaseDurationSeconds": max(1, int(lease_seconds)),
+            "renewTime": now}
+    if action == "renew":
+        spec["acquireTime"] = record.get("acquireTime") or now
+        spec["leaseTransitions"] = transitions
+    else:
+        spec["acquireTime"] = now
+        spec["leaseTransitions"] = transitions + 1
+    return spec
+
+
+def released_spec(record: dict, wall: float) -> dict:
+    """The spec that gives the Lease up (client-go's release: no holder, a 1 s duration)."""
+    now = micro_time(wall)
+    return {"holderIdentity": "", "leaseDurationSeconds": 1, "acquireTime": now, "renewTime": now,
+            "leaseTransitions": record.get("leaseTransitions") or 0}
+
+
+# -- the elector ----------------------------------------------------------------------------------
+
+
+class Elector:
+    """Campaign for, hold and give up one Lease. See the module docstring for the semantics."""
+
+    def __init__(self, api, namespace: str, name: str, identity: str, *,
+                 lease_seconds: float = 15, renew_seconds: float = 10, retry_seconds: float = 2,
+                 on_change: Callable[[bool], None] | None = None, clock=time.monotonic,
+                 wall=time.time) -> None:
+        if not 0 < retry_seconds < renew_seconds < lease_seconds:
+            raise ValueError("need 0 < retry_seconds < renew_seconds < lease_seconds")
+        if not identity:
+            raise ValueError("identity must not be empty")
+        self.api = api
+        self.namespace = namespace
+        self.name = name
+        self.identity = identity
+        self.lease_seconds = lease_seconds
+        self.renew_seconds = renew_seconds
+        self.retry_seconds = retry_seconds
+        self.on_change = on_change
+        self._clock = clock
+        self._wall = wall
+        # A request may not outlast the time we are allowed to keep acting without a renewal.
+        self._timeout = max(0.5, min(10.0, renew_seconds / 2))
+        self._lock = threading.Lock()
+        self._report_lock = threading.Lock()
+        self._valid_until = float("-inf")   # fence, see is_leader()
+        self._mine: dict | None = None   # record of our last successful write
+        self._observed: dict | None = None
+        self._observed_at = 0.0
+        self._reported = False
+        self._released = False
+        self.transitions_seen = 0
+        self.lease_uid = ""   # for lease_event(..., uid=elector.lease_uid)
+
+    @property
+    def path(self) -> str:
+        return LEASES.format(namespace=self.namespace) + "/" + self.name
+
+    def describe(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+    def is_leader(self) -> bool:
+        return self._clock() < self._valid_until
+
+    def run(self, stop: threading.Event) -> None:
+        """Campaign and renew until stop is set (or release() was called). Never raises."""
+        log.info("%s: candidate for lease %s", self.identity, self.describe())
+        while not stop.is_set() and not self._released:
+            try:
+                self._step()
+            except Exception:  # a bug here must not end the campaign silently
+                log.exception("%s: leader election step failed on lease %s", self.identity,
+                              self.describe())
+            self._report()
+            pause = self.retry_seconds
+            if not self.is_leader():
+                pause *= 1 + JITTER * random.random()
+            stop.wait(pause)
+        self._report()
+
+    def release(self) -> None:
+        """Stop acting as leader and, if the Lease is still ours, free it so another takes over at
+        once. Ends run(). Errors are logged: an unreleased Lease only delays the takeover."""
+        # Stop acting (and say so) before the Lease can go to another; a step of run() still in
+        # flight cannot re-arm the fence once _released is set (see _won).
+        self._released = True
+        self._valid_until = float("-inf")
+        self._report()
+        with self._lock:
+            self._valid_until = float("-inf")
+            mine, self._mine = self._mine, None
+            if mine is not None:
+                self._release(mine)
+
+    # -- internals --------------------------------------------------------------------------------
+
+    def _release(self, mine: dict) -> None:
+        for _ in range(2):
+            try:
+                lease = request(self.api, "GET", self.path, timeout=self._timeout)
+                if record_of(lease) != mine:
+                    log.info("%s: lease %s no longer ours, nothing to release", self.identity,
+                             self.describe())
+                    return
+                lease["spec"] = {**lease.get("spec", {}), **released_spec(mine, self._wall())}
+                request(self.api, "PUT", self.path, lease, timeout=self._timeout)
+                log.info("%s: released lease %s", self.identity, self.describe())
+                return
+            except ApiError as err:
+                if err.status != 409:
+                    log.warning("%s: cannot release lease %s: %s", self.identity, self.describe(), err)
+                    return
+        log.warning("%s: cannot release lease %s: it keeps changing", self.identity, self.describe())
+
+    def _step(self) -> None:
+        with self._lock:
+            if self._released:
+                return
+            try:
+                lease = request(self.api, "GET", self.path, timeout=self._timeout)
+            except ApiError as err:
+                if err.status == 404:
+                    self._create()
+                else:
+                    log.warning("%s: cannot read lease %s: %s", self.identity, self.describe(), err)
+                return
+            record = record_of(lease)
+            now = self._clock()
+            if record != self._observed:
+                self._observed, self._observed_at = record, now
+            if self._mine is not None and record != self._mine:
+                # Not the record we wrote last: whatever the fence says, the Lease is not ours.
+                log.info("%s: lease %s now held by %r", self.identity, self.describe(),
+                         record.get("holderIdentity"))
+                self._mine = None
+                self._valid_until = float("-inf")
+            action = decide(record, self.identity, self._mine, self._observed_at, now, self.lease_seconds)
+            if action == "wait":
+                return
+            lease["spec"] = {**lease.get("spec", {}),
+                             **next_spec(record, self.identity, action, self.lease_seconds, self._wall())}
+            started = self._clock()
+            try:
+                written = request(self.api, "PUT", self.path, lease, timeout=self._timeout)
+            except ApiError as err:
+                # 409: another candidate wrote first; the next read shows who.
+                log.log(logging.INFO if err.status == 409 else logging.WARNING,
+                        "%s: cannot %s lease %s: %s", self.identity, action, self.describe(), err)
+                return
+            self._won(written, started)
+
+    def _create(self) -> None:
+        lease = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+                 "metadata": {"name": self.name, "namespace": self.namespace,
+                              "labels": dict([MANAGED_BY])},
+                 "spec": {**next_spec({}, self.identity, "acquire", self.lease_seconds, self._wall()),
+                          "leaseTransitions": 0}}
+        started = self._clock()
+        try:
+            written = request(self.api, "POST", LEASES.format(namespace=self.namespace), lease,
+                              timeout=self._timeout)
+        except ApiError as err:
+            # 409 AlreadyExists: another candidate created it; the next read sees its record.
+            log.log(logging.INFO if err.status == 409 else logging.WARNING,
+                    "%s: cannot create lease %s: %s", self.identity, self.describe(), err)
+            return
+        self._won(written, started)
+
+    def _won(self, written: dict, started: float) -> None:
+        self._mine = record_of(written)
+        self._observed, self._observed_at = self._mine, self._clock()
+        self.lease_uid = (written.get("metadata") or {}).get("uid", self.lease_uid)
+        if not self._released:
+            self._valid_until = started + self.renew_seconds
+
+    def _report(self) -> None:
+        """Log and report a change of is_leader() since the last report (once per transition)."""
+        with self._report_lock:
+            leading = self.is_leader()
+            if leading == self._reported:
+                return
+            self._reported = leading
+            self.transitions_seen += 1
+        if leading:
+            log.info("%s: became leader on lease %s", self.identity, self.describe())
+        else:
+            log.info("%s: stopped leading on lease %s", self.identity, self.describe())
+        if self.on_change is not None:
+            try:
+                self.on_change(leading)
+            except Exception:
+                log.exception("%s: on_change(%s) failed", self.identity, leading)
+
+
+def lease_event(api, namespace: str, lease: str, identity: str, became_leader: bool, *,
+                uid: str = "", component: str = "cnpa-op", timeout: float = 10.0) -> bool:
+    """Record a leader transition as an Event on the Lease (reason LeaderElection, as client-go's
+    Lease lock records them). Best effort: returns False after logging an error."""
+    now = datetime.datetime.now(datetime.timezone.utc)
+    stamp = now.strftime("%Y-%m-%dT%H:%M:%SZ")
+    involved = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "name": lease,
+                "namespace": namespace}
+    if uid:
+        involved["uid"] = uid
+    event = {
+        "apiVersion": "v1", "kind": "Event",
+        "metadata": {"generateName": f"{lease}.", "namespace": namespace,
+                     "labels": dict([MANAGED_BY])},
+        "involvedObject": involved,
+        "type": "Normal", "reason": "LeaderElection",
+        "message": f"{identity} {'became leader' if became_leader else 'stopped leading'}",
+        "count": 1, "firstTimestamp": stamp, "lastTimestamp": stamp,
+        "source": {"component": component},
+        "reportingComponent": component, "reportingInstance": identity[:128],
+    }
+    try:
+        request(api, "POST", EVENTS.format(namespace=namespace), event, timeout=timeout)
+        return True
+    except ApiError as err:
+        log.warning("cannot record the leader Event on lease %s/%s: %s", namespace, lease, err)
+        return False

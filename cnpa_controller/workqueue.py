@@ -1,0 +1,124 @@
+"""A de-duplicating queue of TeamSpace names, with per-name retry backoff.
+
+The semantics of client-go's rate-limited work queue, which every Kubernetes controller relies on:
+- a name queued twice before a worker takes it is processed once (events are hints: the worker
+  reads the whole current state from the caches, so one pass covers every event before it);
+- a name is never processed by two workers at once; one that changes while it is being processed
+  is queued again and processed after the current pass is done (nothing is lost);
+- a name whose pass failed is queued again after a delay that doubles with each failure in a row,
+  up to a cap (a broken object does not spin a worker, and still gets retried); a pass that
+  succeeds forgets its failures.
+"""
+
+from __future__ import annotations
+
+import heapq
+import threading
+import time
+from collections import deque
+from typing import Callable
+
+
+class WorkQueue:
+    def __init__(self, *, retry_base: float = 0.5, retry_cap: float = 30.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._retry_base = retry_base
+        self._retry_cap = retry_cap
+        self._cond = threading.Condition()
+        self._queue: deque[str] = deque()
+        self._dirty: set[str] = set()       # queued and not yet taken by a worker
+        self._processing: set[str] = set()  # taken by a worker, not yet done
+        self._later: list[tuple[float, int, str]] = []  # (due, sequence, name), a heap
+        self._sequence = 0
+        self._failures: dict[str, int] = {}
+        self._shutdown = False
+
+    def add(self, name: str) -> None:
+        with self._cond:
+            self._add(name)
+
+    def _add(self, name: str) -> None:
+        if self._shutdown or name in self._dirty:
+            return
+        self._dirty.add(name)
+        if name not in self._processing:
+            self._queue.append(name)
+            self._cond.notify()
+
+    def add_after(self, name: str, delay: float) -> None:
+        with self._cond:
+            if self._shutdown:
+                return
+            if delay <= 0:
+                self._add(name)
+                return
+            self._sequence += 1
+            heapq.heappush(self._later, (self._clock() + delay, self._sequence, name))
+            self._cond.notify()
+
+    def retry(self, name: str) -> float:
+        """Queue the name again after its backoff delay; returns the delay."""
+        with self._cond:
+            n = self._failures.get(name, 0)
+            self._failures[name] = n + 1
+            delay = min(self._retry_cap, self._retry_base * (2 ** min(n, 62)))
+        self.add_after(name, delay)
+        return delay
+
+    def forget(self, name: str) -> None:
+        with self._cond:
+            self._failures.pop(name, None)
+
+    def failures(self, name: str) -> int:
+        with self._cond:
+            return self._failures.get(name, 0)
+
+    def _promote(self) -> float | None:
+        """Move the delayed names that are due into the queue; the seconds until the next one."""
+        now = self._clock()
+        while self._later and self._later[0][0] <= now:
+            self._add(heapq.heappop(self._later)[2])
+        return self._later[0][0] - now if self._later else None
+
+    def get(self, timeout: float | None = None) -> str | None:
+        """The next name to process (the caller must call done() with it), or None when the queue
+        is shut down or nothing came within timeout seconds."""
+        deadline = None if timeout is None else self._clock() + timeout
+        with self._cond:
+            while True:
+                if self._shutdown:
+                    return None
+                wait = self._promote()
+                if self._queue:
+                    name = self._queue.popleft()
+                    self._dirty.discard(name)
+                    self._processing.add(name)
+                    return name
+                if deadline is not None:
+                    left = deadline - self._clock()
+                    if left <= 0:
+                        return None
+                    wait = left if wait is None else min(wait, left)
+                self._cond.wait(wait)
+
+    def done(self, name: str) -> None:
+        with self._cond:
+            self._processing.discard(name)
+            if name in self._dirty and not self._shutdown:
+                self._queue.append(name)
+                self._cond.notify()
+
+    def shutdown(self) -> None:
+        with self._cond:
+            self._shutdown = True
+            self._cond.notify_all()
+
+    def __len__(self) -> int:
+        """Names waiting to be processed now (the queue depth; delayed retries not counted)."""
+        with self._cond:
+            return len(self._queue)
+
+    def delayed(self) -> int:
+        with self._cond:
+            return len(self._later)

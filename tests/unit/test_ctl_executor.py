@@ -1,0 +1,246 @@
+"""The controller's executor against a scripted API: the plan's writes sent in order, with
+reconcile.sh's semantics (archive before release, failures belong to one TeamSpace, quota
+fallback, uid guards, Events named as reconcile.sh names them, leadership checked per write)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+
+import pytest
+
+import cnpa_plan
+from cnpa_controller import ApiError
+from cnpa_controller.executor import Executor, event_name, request_of
+
+NOW = "2026-01-01T00:00:00Z"
+FIN = cnpa_plan.FINALIZER
+
+
+def teamspace(name="a", uid="u-1", pods=3, finalizers=None, deleting=False, status=None, rv="7"):
+    meta = {"name": name, "uid": uid, "generation": 1, "resourceVersion": rv}
+    if finalizers is not None:
+        meta["finalizers"] = finalizers
+    if deleting:
+        meta["deletionTimestamp"] = NOW
+    t = {"apiVersion": cnpa_plan.API_VERSION, "kind": "TeamSpace", "metadata": meta,
+         "spec": {"pods": pods, "cpu": "1"}}
+    if status is not None:
+        t["status"] = status
+    return t
+
+
+class FakeApi:
+    """Answers every write with the object it was sent (kind, a new resourceVersion and uid);
+    `fail` maps (method, path) to the ApiError to raise instead."""
+
+    def __init__(self, fail=None, on_request=None):
+        self.calls = []
+        self.fail = fail or {}
+        self.on_request = on_request
+        self.rv = 100
+
+    def request(self, method, path, *, body=None, content_type=None, **kw):
+        self.calls.append((method, path, content_type, body))
+        if self.on_request:
+            self.on_request(method, path, body)
+        err = self.fail.get((method, path))
+        if err is not None:
+            raise err
+        self.rv += 1
+        if method == "PATCH":
+            kind = "ResourceQuota" if "resourcequotas" in path else "TeamSpace"
+            return {"kind": kind, "metadata": {"resourceVersion": str(self.rv), "uid": "u-1"}}
+        obj = json.loads(json.dumps(body or {}))
+        obj.setdefault("metadata", {})["resourceVersion"] = str(self.rv)
+        obj["metadata"].setdefault("uid", f"uid-{self.rv}")
+        return obj
+
+    def writes(self):
+        return [(m, p) for m, p, _, _ in self.calls if not p.endswith("/events")]
+
+
+def run(api, t, ns=None, quota=None, tmp_path=None, **kw):
+    said, logged = [], []
+    ex = Executor(api, archive_dir=str(tmp_path or "/nonexistent"), say=lambda n, w: said.append(w),
+                  log=logged.append, **kw)
+    result = ex.execute(t, cnpa_plan.plan(t, ns, quota, NOW), NOW)
+    return result, said, logged
+
+
+TS_PATH = "/apis/platform.labhub.io/v1alpha1/teamspaces/a"
+
+
+def test_a_new_teamspace_gets_finalizer_namespace_quota_status_in_order():
+    api = FakeApi()
+    result, said, _ = run(api, teamspace())
+    assert api.writes() == [("PATCH", TS_PATH), ("POST", "/api/v1/namespaces"),
+                            ("POST", "/api/v1/namespaces/team-a/resourcequotas"),
+                            ("PUT", TS_PATH + "/status")]
+    assert not result.failed and result.writes == 4
+    assert said[0] == "finalizer added" and said[-1].startswith("status written")
+    # The finalizer patch is guarded by the TeamSpace's uid.
+    assert api.calls[0][2] == "application/json-patch+json"
+    assert api.calls[0][3][0] == {"op": "test", "path": "/metadata/uid", "value": "u-1"}
+    # The status replace carries the version our finalizer patch returned and the new
+    # namespace's uid (as reconcile.sh fills them in).
+    status = api.calls[3][3]
+    assert status["metadata"]["resourceVersion"] == "101"
+    assert status["status"]["namespaceUID"] == "uid-102"
+
+
+def test_a_failed_write_stops_that_teamspace_and_says_ready_false():
+    api = FakeApi(fail={("POST", "/api/v1/namespaces"): ApiError(500, "InternalError", "etcd down")})
+    result, _, logged = run(api, teamspace(finalizers=[FIN]))
+    assert result.failed and result.errors == ["NamespaceCreateFailed"]
+    writes = api.writes()
+    assert ("POST", "/api/v1/namespaces/team-a/resourcequotas") not in writes
+    assert writes[-1] == ("PUT", TS_PATH + "/status")
+    cond = [c for c in api.calls if c[1].endswith("/status")][-1][3]["status"]["conditions"][-1]
+    assert (cond["status"], cond["reason"]) == ("False", "NamespaceCreateFailed")
+    events = [b for m, p, _, b in api.calls if p.endswith("/events")]
+    assert [e["reason"] for e in events] == ["NamespaceCreateFailed"]
+    assert any("etcd down" in line for line in logged)
+
+
+def test_a_conflict_is_retried_without_event_or_status():
+    api = FakeApi(fail={("PATCH", TS_PATH): ApiError(422, "Invalid",
+                        "the server rejected our request due to an error in our request")})
+    result, _, _ = run(api, teamspace())
+    assert result.failed and result.errors == ["Conflict"]
+    assert api.writes() == [("PATCH", TS_PATH)]
+    assert not [c for c in api.calls if c[1].endswith("/events")]
+
+
+def test_an_existing_namespace_without_our_label_is_reported_not_ours():
+    api = FakeApi(fail={("POST", "/api/v1/namespaces"): ApiError(409, "AlreadyExists", "exists")})
+    api.request_get = api.request
+
+    def request(method, path, **kw):
+        if method == "GET":
+            api.calls.append((method, path, None, None))
+            return {"kind": "Namespace", "metadata": {"name": "team-a", "labels": {}}}
+        return api.request_get(method, path, **kw)
+
+    api.request = request
+    result, _, _ = run(api, teamspace(finalizers=[FIN]))
+    assert result.errors == ["NamespaceNotOurs"]
+    status = [c for c in api.calls if c[1].endswith("/status")][-1][3]
+    assert status["status"]["conditions"][-1]["reason"] == "NamespaceNotOurs"
+    assert not [c for c in api.calls if "resourcequotas" in c[1]]
+
+
+def test_an_existing_namespace_with_our_label_is_a_cache_not_yet_updated():
+    api = FakeApi(fail={("POST", "/api/v1/namespaces"): ApiError(409, "AlreadyExists", "exists")})
+    real = api.request
+
+    def request(method, path, **kw):
+        if method == "GET":
+            return {"kind": "Namespace", "metadata": {"labels": {cnpa_plan.LABEL: "a"}}}
+        return real(method, path, **kw)
+
+    api.request = request
+    result, _, _ = run(api, teamspace(finalizers=[FIN]))
+    # Retried, not reported as somebody else's: no Event, no status.
+    assert result.failed and result.errors == ["Conflict"]
+    assert api.writes() == [("POST", "/api/v1/namespaces")]
+    assert not [c for c in api.calls if c[1].endswith("/events")]
+
+
+def test_a_lost_quota_replace_falls_back_to_a_merge_patch():
+    t = teamspace(finalizers=[FIN], status={"namespaceUID": "ns-1", "observedGeneration": 1})
+    ns = {"metadata": {"name": "team-a", "uid": "ns-1", "labels": {cnpa_plan.LABEL: "a"},
+                       "ownerReferences": [cnpa_plan.owner_reference(t)]}}
+    quota = {"apiVersion": "v1", "kind": "ResourceQuota",
+             "metadata": {"name": "team-quota", "namespace": "team-a", "resourceVersion": "5"},
+             "spec": {"hard": {"pods": "9", "requests.cpu": "1"}}}
+    qpath = "/api/v1/namespaces/team-a/resourcequotas/team-quota"
+    api = FakeApi(fail={("PUT", qpath): ApiError(409, "Conflict", "modified")})
+    result, said, _ = run(api, t, ns, quota)
+    assert api.writes()[:2] == [("PUT", qpath), ("PATCH", qpath)]
+    assert api.calls[1][2] == "application/merge-patch+json"
+    assert api.calls[1][3] == {"spec": {"hard": {"pods": "3", "requests.cpu": "1"}}}
+    assert not result.failed
+    assert any(s.startswith("quota team-quota set back") for s in said)
+    assert [b["reason"] for m, p, _, b in api.calls if p.endswith("/events")] == ["QuotaReverted"]
+
+
+def test_archive_is_on_disk_before_the_finalizer_is_released(tmp_path):
+    t = teamspace(finalizers=[FIN], deleting=True)
+    seen_at_release = []
+
+    def on_request(method, path, body):
+        if method == "PATCH":
+            seen_at_release.append((tmp_path / "a.json").read_text())
+
+    api = FakeApi(on_request=on_request)
+    result, said, _ = run(api, t, tmp_path=tmp_path)
+    assert seen_at_release == ['{"name":"a","uid":"u-1","pods":3}\n']
+    assert said == [f"archived to {tmp_path}/a.json", "finalizer released"]
+    assert api.calls[0][3][0] == {"op": "test", "path": "/metadata/uid", "value": "u-1"}
+    assert not result.failed
+
+
+def test_an_earlier_record_of_the_same_name_is_kept(tmp_path):
+    (tmp_path / "a.json").write_text('{"name":"a","uid":"old","pods":1}\n')
+    (tmp_path / ".a.json.Xy12ab").write_text("left by a killed pass")
+    api = FakeApi()
+    run(api, teamspace(finalizers=[FIN], deleting=True), tmp_path=tmp_path)
+    assert (tmp_path / "a.old.json").read_text() == '{"name":"a","uid":"old","pods":1}\n'
+    assert json.loads((tmp_path / "a.json").read_text())["uid"] == "u-1"
+    assert not (tmp_path / ".a.json.Xy12ab").exists()
+    # Archived already: a second pass writes no record again and still releases.
+    api = FakeApi()
+    _, said, _ = run(api, teamspace(finalizers=[FIN], deleting=True), tmp_path=tmp_path)
+    assert said == ["finalizer released"]
+
+
+def test_a_broken_archive_directory_refuses_the_release(tmp_path):
+    (tmp_path / "file").write_text("")
+    api = FakeApi()
+    said, logged = [], []
+    ex = Executor(api, archive_dir=str(tmp_path / "file" / "archive"),
+                  say=lambda n, w: said.append(w), log=logged.append)
+    t = teamspace(finalizers=[FIN], deleting=True)
+    result = ex.execute(t, cnpa_plan.plan(t, None, None, NOW), NOW)
+    assert result.archive_broken and result.failed
+    assert api.writes() == []  # no release, and no status on a deleting TeamSpace
+    assert [b["reason"] for m, p, _, b in api.calls if p.endswith("/events")] == ["ArchiveFailed"]
+
+
+def test_leadership_lost_mid_pass_stops_the_writes():
+    api = FakeApi()
+    answers = iter([True, False])
+    result, _, _ = run(api, teamspace(), may_write=lambda: next(answers, False))
+    assert result.not_leader
+    assert api.writes() == [("PATCH", TS_PATH)]
+
+
+def test_a_problem_is_logged_and_recorded_once():
+    t = teamspace(finalizers=[FIN], pods="x")
+    api = FakeApi()
+    ex = Executor(api, archive_dir="/nonexistent")
+    for _ in range(3):
+        result = ex.execute(t, cnpa_plan.plan(t, None, None, NOW), NOW)
+        assert result.problems
+    assert len([c for c in api.calls if c[1].endswith("/events")]) == 1
+
+
+def test_event_names_are_reconcile_sh_s():
+    out = subprocess.run(["bash", "-c", "printf '%s\\n%s\\n%s' u-1 QuotaScoped 'quota x y' "
+                          "| sha256sum | cut -c1-16"], capture_output=True, text=True, check=True)
+    assert event_name("a", "u-1", "QuotaScoped", "quota x y") == f"a.cnpa.{out.stdout.strip()}"
+
+
+@pytest.mark.parametrize("verb", ["bogus"])
+def test_an_unknown_verb_is_an_error_not_a_skipped_write(verb):
+    with pytest.raises(ValueError):
+        request_of({"verb": verb, "step": "quota", "object": {"kind": "Namespace",
+                                                               "metadata": {"name": "x"}}}, {})
+
+
+def test_archive_temporary_names_match_reconcile_sh_s(tmp_path):
+    fd, path = Executor._mktemp(str(tmp_path), ".a.json.")
+    os.close(fd)
+    assert len(os.path.basename(path)) == len(".a.json.") + 6

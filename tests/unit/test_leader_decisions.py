@@ -1,0 +1,444 @@
+"""cnpa_controller.leader without an API server: the pure decisions, and the Elector driven step by
+step against an in-memory Lease that enforces resourceVersion as the API server does, on a fake
+clock. The real API server is in tests/controller/test_leader.py (this file has another
+basename: test modules in directories without __init__.py must have distinct names)."""
+
+from __future__ import annotations
+
+import copy
+import json
+import threading
+
+import pytest
+
+from cnpa_controller import leader
+from cnpa_controller.leader import ApiError, Elector, decide, next_spec, record_of, released_spec
+
+ME, OTHER = "host-a", "host-b"
+PATH = "/apis/coordination.k8s.io/v1/namespaces/cnpa-system/leases/cnpa-op"
+
+
+def rec(holder, *, duration=4, transitions=0, renew="2020-01-01T00:00:00.000000Z"):
+    return {"holderIdentity": holder, "leaseDurationSeconds": duration, "acquireTime": renew,
+            "renewTime": renew, "leaseTransitions": transitions}
+
+
+# -- decide ---------------------------------------------------------------------------------------
+
+def test_free_lease_is_acquired_at_once():
+    assert decide(rec(""), ME, None, observed_at=100, now=100, lease_seconds=4) == "acquire"
+    assert decide(rec(None), ME, None, observed_at=100, now=100, lease_seconds=4) == "acquire"
+
+
+def test_held_lease_waits_for_expiry_measured_from_our_observation():
+    # renewTime says 2020: by the writer's clock it expired long ago, but we only just saw this
+    # record, so it is not expired for us (skew between hosts must not matter).
+    held = rec(OTHER, duration=4)
+    assert decide(held, ME, None, observed_at=100, now=100, lease_seconds=4) == "wait"
+    assert decide(held, ME, None, observed_at=100, now=103.9, lease_seconds=4) == "wait"
+    assert decide(held, ME, None, observed_at=100, now=104, lease_seconds=4) == "acquire"
+
+
+def test_expiry_uses_the_duration_the_holder_declared():
+    held = rec(OTHER, duration=30)
+    assert decide(held, ME, None, observed_at=100, now=110, lease_seconds=4) == "wait"
+    assert decide(held, ME, None, observed_at=100, now=130, lease_seconds=4) == "acquire"
+
+
+def test_our_own_record_is_renewed():
+    mine = rec(ME)
+    assert decide(copy.deepcopy(mine), ME, mine, observed_at=100, now=100, lease_seconds=4) == "renew"
+
+
+def test_our_identity_in_a_record_we_did_not_write_is_another_holder():
+    # A second process with our identity (restarted service, the old one frozen) renewed it.
+    mine = rec(ME, renew="2026-01-01T00:00:01.000000Z")
+    theirs = rec(ME, renew="2026-01-01T00:00:02.000000Z")
+    assert decide(theirs, ME, mine, observed_at=100, now=101, lease_seconds=4) == "wait"
+    assert decide(theirs, ME, None, observed_at=100, now=101, lease_seconds=4) == "wait"
+    assert decide(theirs, ME, mine, observed_at=100, now=104, lease_seconds=4) == "acquire"
+
+
+def test_specs_written():
+    old = rec(OTHER, transitions=6, renew="2026-01-01T00:00:00.000000Z")
+    acquired = next_spec(old, ME, "acquire", 4, wall=1767225601.5)
+    assert acquired == {"holderIdentity": ME, "leaseDurationSeconds": 4, "leaseTransitions": 7,
+                        "acquireTime": "2026-01-01T00:00:01.500000Z",
+                        "renewTime": "2026-01-01T00:00:01.500000Z"}
+    renewed = next_spec(acquired, ME, "renew", 4, wall=1767225603.25)
+    assert renewed["acquireTime"] == "2026-01-01T00:00:01.500000Z"
+    assert renewed["renewTime"] == "2026-01-01T00:00:03.250000Z"
+    assert renewed["leaseTransitions"] == 7
+    released = released_spec(renewed, wall=1767225604)
+    assert released["holderIdentity"] == "" and released["leaseDurationSeconds"] == 1
+    assert released["leaseTransitions"] == 7
+
+
+# -- the Elector against an in-memory Lease -------------------------------------------------------
+
+class FakeLeases:
+    """One namespace's Leases with the API server's optimistic concurrency."""
+
+    def __init__(self):
+        self.obj = None
+        self.rv = 0
+        self.fail: Exception | None = None
+        self.before_write = None   # called once before the next PUT is applied
+        self.writes = []
+
+    def __call__(self, api, method, path, body=None, *, timeout=10.0):
+        assert timeout <= 10
+        if self.fail is not None:
+            raise self.fail
+        if method == "GET":
+            assert path == PATH
+            if self.obj is None:
+                raise ApiError(404, "NotFound")
+            return copy.deepcopy(self.obj)
+        body = json.loads(json.dumps(body))   # what goes over the wire: plain JSON
+        if method == "POST":
+            assert path == PATH.rsplit("/", 1)[0]
+            if self.obj is not None:
+                raise ApiError(409, "AlreadyExists")
+        elif method == "PUT":
+            assert path == PATH
+            hook, self.before_write = self.before_write, None
+            if hook:
+                hook()
+            if self.obj is None:
+                raise ApiError(404, "NotFound")
+            # like the API server: a PUT without resourceVersion is an unconditional update
+            sent = body["metadata"].get("resourceVersion")
+            if sent is not None and sent != self.obj["metadata"]["resourceVersion"]:
+                raise ApiError(409, "Conflict")
+        self.rv += 1
+        body["metadata"]["resourceVersion"] = str(self.rv)
+        body["metadata"].setdefault("uid", "uid-1")
+        self.obj = body
+        self.writes.append((method, copy.deepcopy(body["spec"])))
+        return copy.deepcopy(body)
+
+    @property
+    def spec(self):
+        return self.obj["spec"]
+
+
+class Clock:
+    def __init__(self):
+        self.t = 1000.0
+
+    def __call__(self):
+        return self.t
+
+
+@pytest.fixture
+def world(monkeypatch):
+    leases, clock = FakeLeases(), Clock()
+    monkeypatch.setattr(leader, "request", leases)
+    return leases, clock
+
+
+def elector(clock, identity, changes=None):
+    on_change = changes.append if isinstance(changes, list) else changes
+    return Elector(None, "cnpa-system", "cnpa-op", identity, lease_seconds=4, renew_seconds=3,
+                   retry_seconds=0.5, clock=clock, wall=lambda: 1767225600.0 + clock.t,
+                   on_change=on_change)
+
+
+def step(*electors):
+    for e in electors:
+        e._step()
+        e._report()
+
+
+def test_first_candidate_creates_the_lease_and_leads(world):
+    leases, clock = world
+    changes = []
+    a = elector(clock, ME, changes)
+    assert not a.is_leader()
+    step(a)
+    assert a.is_leader() and changes == [True]
+    assert leases.writes[0][0] == "POST"
+    assert leases.spec["holderIdentity"] == ME and leases.spec["leaseTransitions"] == 0
+    assert leases.obj["metadata"]["labels"] == {"app.kubernetes.io/managed-by": "cnpa-op"}
+    assert a.lease_uid == "uid-1"   # for the Event on the Lease
+
+
+def test_create_race_loser_just_rereads(world):
+    leases, clock = world
+    a, b = elector(clock, ME), elector(clock, OTHER)
+    leases.obj = None
+    step(a)
+    # b saw 404 too, but a's POST landed first: b's POST gets AlreadyExists and b follows.
+    b._create()
+    assert not b.is_leader() and leases.spec["holderIdentity"] == ME
+    step(b)
+    assert not b.is_leader()
+
+
+def test_exactly_one_of_two_wins_a_free_lease(world):
+    leases, clock = world
+    a, b = elector(clock, ME), elector(clock, OTHER)
+    step(a)
+    a.release()
+    assert leases.spec["holderIdentity"] == ""
+    c = elector(clock, "host-c")
+    # b and c both read the free Lease; c's write lands between b's read and b's write.
+    leases.before_write = lambda: step(c)
+    step(b)
+    assert c.is_leader() and not b.is_leader()
+    assert leases.spec["holderIdentity"] == "host-c"
+
+
+def test_takeover_only_after_lease_seconds_of_no_change(world):
+    leases, clock = world
+    a, b = elector(clock, ME), elector(clock, OTHER)
+    step(a, b)
+    assert a.is_leader() and not b.is_leader()
+    for _ in range(10):   # a renews every retry period: b never sees an expired lease
+        clock.t += 0.5
+        step(a, b)
+        assert a.is_leader() and not b.is_leader()
+    renewals = [spec["renewTime"] for _, spec in leases.writes]
+    assert len(set(renewals)) == len(renewals) == 11
+    # a dies (no more steps). b takes over only once 4 s passed since it saw the last change.
+    seen = clock.t
+    for _ in range(7):   # up to 3.5 s
+        clock.t += 0.5
+        step(b)
+        assert not b.is_leader()
+    clock.t = seen + 4
+    step(b)
+    assert b.is_leader()
+    assert leases.spec["holderIdentity"] == OTHER and leases.spec["leaseTransitions"] == 1
+
+
+def test_is_leader_is_fenced_on_the_local_clock(world):
+    _leases, clock = world
+    changes = []
+    a = elector(clock, ME, changes)
+    step(a)
+    assert a.is_leader()
+    clock.t += 2.99
+    assert a.is_leader()
+    clock.t += 0.02   # renew_seconds after the write started, with no renewal in between
+    assert not a.is_leader()
+    assert changes == [True]   # reported by the loop, which is not running here
+    a._report()
+    assert changes == [True, False]
+
+
+def test_frozen_leader_resumes_as_follower(world):
+    leases, clock = world
+    a_changes, b_changes = [], []
+    a, b = elector(clock, ME, a_changes), elector(clock, OTHER, b_changes)
+    step(a, b)
+    clock.t += 10        # a is frozen; b keeps polling
+    step(b)              # first sees the record unchanged (its 4 s started at its first read)
+    assert b.is_leader()
+    assert not a.is_leader()   # before a could send anything
+    step(a)
+    assert not a.is_leader() and a_changes == [True, False]
+    assert leases.spec["holderIdentity"] == OTHER
+    # and a does not take the Lease back while b renews it
+    for _ in range(10):
+        clock.t += 0.5
+        step(b, a)
+        assert b.is_leader() and not a.is_leader()
+
+
+def test_failed_renewals_give_up_after_renew_seconds(world):
+    leases, clock = world
+    changes = []
+    a = elector(clock, ME, changes)
+    step(a)
+    leases.fail = ApiError(503, "ServiceUnavailable")
+    for _ in range(5):
+        clock.t += 0.5
+        step(a)      # errors are absorbed
+    assert a.is_leader()
+    clock.t += 0.6
+    step(a)
+    assert not a.is_leader() and changes == [True, False]
+    # the API comes back and nobody else took the Lease: a may renew its own record again
+    leases.fail = None
+    step(a)
+    assert a.is_leader() and changes == [True, False, True]
+    assert leases.spec["leaseTransitions"] == 0
+
+
+def test_restart_with_the_same_identity_waits_for_expiry(world):
+    leases, clock = world
+    old = elector(clock, ME)
+    step(old)
+    new = elector(clock, ME)   # crashed and restarted: it never wrote this record
+    step(new)
+    assert not new.is_leader()
+    clock.t += 4
+    step(new)
+    assert new.is_leader() and not old.is_leader()
+    assert leases.spec["leaseTransitions"] == 1
+    step(old)   # the old process resumes: the record is no longer the one it wrote
+    assert not old.is_leader()
+    assert leases.spec["holderIdentity"] == ME and new.is_leader()
+
+
+def test_release_reports_before_it_gives_the_lease_up(world):
+    leases, clock = world
+    seen = []
+    a = elector(clock, ME, lambda leading: seen.append((leading, leases.spec["holderIdentity"])))
+    step(a)
+    a.release()
+    assert seen == [(True, ME), (False, ME)]   # stopped acting while the Lease was still ours
+    assert leases.spec["holderIdentity"] == ""
+
+
+def test_a_renewal_in_flight_does_not_rearm_a_released_elector(world):
+    leases, clock = world
+    a = elector(clock, ME)
+    step(a)
+    clock.t += 0.5
+    # release() is called while a renewal is on its way to the API server: it has done what it
+    # does before waiting for the step to finish
+    def release_begins():
+        a._released = True
+        a._valid_until = float("-inf")
+
+    leases.before_write = release_begins
+    a._step()
+    assert not a.is_leader()
+
+
+def test_release_frees_the_lease_only_if_still_ours(world):
+    leases, clock = world
+    changes = []
+    a, b = elector(clock, ME, changes), elector(clock, OTHER)
+    step(a)
+    a.release()
+    assert not a.is_leader() and changes == [True, False]
+    assert leases.spec["holderIdentity"] == "" and leases.spec["leaseDurationSeconds"] == 1
+    step(a)   # released electors do not campaign again, even for a free Lease
+    assert not a.is_leader() and leases.spec["holderIdentity"] == ""
+    step(b)   # free: no waiting
+    assert b.is_leader() and leases.spec["leaseTransitions"] == 1
+
+    # a frozen leader that lost the Lease does not clear the new holder's record on shutdown
+    c = elector(clock, "host-c")
+    step(c)
+    clock.t += 10
+    step(c)
+    assert c.is_leader()
+    writes = len(leases.writes)
+    b.release()
+    assert len(leases.writes) == writes and leases.spec["holderIdentity"] == "host-c"
+
+
+@pytest.mark.parametrize("failure", [ApiError(0, "ConnectionRefused"), ValueError("not JSON")])
+def test_run_never_raises_and_stops(world, caplog, failure):
+    leases, _clock = world
+    leases.fail = failure
+    a = Elector(None, "cnpa-system", "cnpa-op", ME, lease_seconds=4, renew_seconds=3,
+                retry_seconds=0.01)
+    stop = threading.Event()
+    t = threading.Thread(target=a.run, args=(stop,), daemon=True)
+    t.start()
+    t.join(0.3)
+    assert t.is_alive() and "lease cnpa-system/cnpa-op" in caplog.text
+    stop.set()
+    t.join(5)
+    assert not t.is_alive()
+
+
+def test_transitions_are_logged_with_identity_and_lease(world, caplog):
+    _leases, clock = world
+    caplog.set_level("INFO", logger="cnpa_controller.leader")
+    a = elector(clock, ME)
+    step(a)
+    a.release()
+    lines = [r.getMessage() for r in caplog.records]
+    assert "host-a: became leader on lease cnpa-system/cnpa-op" in lines
+    assert "host-a: stopped leading on lease cnpa-system/cnpa-op" in lines
+
+
+def test_durations_must_leave_room_for_fencing():
+    with pytest.raises(ValueError):
+        Elector(None, "ns", "l", ME, lease_seconds=4, renew_seconds=4, retry_seconds=1)
+    with pytest.raises(ValueError):
+        Elector(None, "ns", "l", ME, lease_seconds=4, renew_seconds=3, retry_seconds=3)
+
+
+def test_record_of_ignores_metadata():
+    lease = {"metadata": {"resourceVersion": "9", "labels": {"x": "y"}}, "spec": rec(ME)}
+    assert record_of(lease) == rec(ME)
+
+
+# -- request(): both generations of the kubernetes client -----------------------------------------
+
+class Resp:
+    def __init__(self, status, data):
+        self.status, self.data = status, data
+
+    def read(self):
+        return self.data
+
+
+class NewClient:
+    """The shape of kubernetes >= 35: param_serialize + call_api returning an unread response."""
+
+    def __init__(self, status, data):
+        self.resp, self.calls = Resp(status, data), []
+
+    def param_serialize(self, method, resource_path, header_params=None, body=None, auth_settings=None):
+        assert auth_settings == ["BearerToken"]
+        return method, "https://api" + resource_path, header_params, body, []
+
+    def call_api(self, method, url, header_params=None, body=None, post_params=None, _request_timeout=None):
+        self.calls.append((method, url, header_params, body, _request_timeout))
+        return self.resp
+
+
+class OldClient:
+    """The shape of kubernetes < 35: call_api(path, method, ..., _preload_content=False)."""
+
+    def __init__(self, status, data):
+        self.resp, self.calls = Resp(status, data), []
+
+    def call_api(self, resource_path, method, **kw):
+        assert kw["_preload_content"] is False and kw["auth_settings"] == ["BearerToken"]
+        self.calls.append((method, resource_path, kw["header_params"], kw["body"], kw["_request_timeout"]))
+        if not 200 <= self.resp.status <= 299:   # the old REST layer raised ApiException itself
+            err = Exception("api")
+            err.status, err.reason, err.body = self.resp.status, "Conflict", self.resp.data
+            raise err
+        return self.resp
+
+
+@pytest.mark.parametrize("client", [NewClient, OldClient])
+def test_request_sends_plain_json_and_decodes(client):
+    api = client(200, b'{"kind": "Lease", "spec": {"holderIdentity": "x"}}')
+    out = leader.request(api, "PUT", PATH, {"spec": {}}, timeout=1.5)
+    assert out == {"kind": "Lease", "spec": {"holderIdentity": "x"}}
+    method, url, headers, body, timeout = api.calls[0]
+    assert method == "PUT" and url.endswith(PATH) and body == {"spec": {}} and timeout == 1.5
+    assert headers["Content-Type"] == "application/json"
+
+
+@pytest.mark.parametrize("client", [NewClient, OldClient])
+def test_request_errors_carry_the_status(client):
+    api = client(409, b'{"kind": "Status", "reason": "Conflict"}')
+    with pytest.raises(ApiError) as err:
+        leader.request(api, "PUT", PATH, {"spec": {}})
+    assert err.value.status == 409
+
+
+def test_request_without_a_response_is_status_0():
+    class Down:
+        def param_serialize(self, **kw):
+            return ("GET", "u", {}, None, [])
+
+        def call_api(self, *a, **kw):
+            raise ConnectionRefusedError("refused")
+
+    with pytest.raises(ApiError) as err:
+        leader.request(Down(), "GET", PATH)
+    assert err.value.status == 0
