@@ -13,11 +13,13 @@ a hash of everything that went into it, so editing files/ or the package list re
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import os
 import shutil
 from pathlib import Path
 
+from .build import _wait_for_lock
 from .common import HostError, apt_install, cache_dir, log, run
 
 SUITE = "trixie"  # the default
@@ -116,13 +118,27 @@ def _customise(tree: Path) -> None:
 
 
 def ensure(suite: str = SUITE) -> Path:
-    """Return the path of the suite's customised rootfs tarball, building it if needed."""
+    """Return the path of the suite's customised rootfs tarball, building it if needed. Hosts
+    created at the same time (the test workers) build it once: the others wait for the first."""
     dest = tarball(suite)
     if dest.exists():
         log(f"rootfs cached: {dest}")
         return dest
     if os.geteuid() != 0:
         raise HostError("building the rootfs needs root")
+    cache_dir().mkdir(parents=True, exist_ok=True)
+    with open(cache_dir() / f"rootfs-{_check(suite)}.lock", "w") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            _wait_for_lock(lock, f"another process is building the {suite} rootfs")
+        if dest.exists():
+            log(f"rootfs cached: {dest}")
+            return dest
+        return _build(suite, dest)
+
+
+def _build(suite: str, dest: Path) -> Path:
     base = _debootstrap_cached(suite)
     tree = _partial("rootfs.partial", suite)
     shutil.rmtree(tree, ignore_errors=True)

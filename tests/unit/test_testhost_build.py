@@ -80,3 +80,28 @@ def test_the_default_version_keys_the_cache(monkeypatch):
     assert build.version() == build.DEFAULT_VERSION
     assert build.bin_dir().parts[-2:] == (f"kubernetes-{build.DEFAULT_VERSION}", "bin")
     assert isinstance(build.bin_dir(), Path)
+
+
+def test_hosts_made_at_once_build_the_rootfs_once(tmp_path, monkeypatch):
+    """Two test workers creating their first hosts at the same time on a cold cache: one builds
+    the rootfs, the other waits for it (two builds into one work directory break each other)."""
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+
+    from testhost import rootfs
+
+    monkeypatch.setattr(rootfs, "cache_dir", lambda: tmp_path)
+    monkeypatch.setattr(rootfs.os, "geteuid", lambda: 0)
+    builds = []
+
+    def build(suite, dest):
+        builds.append(suite)
+        time.sleep(1.5)
+        dest.write_text("rootfs")
+        return dest
+
+    monkeypatch.setattr(rootfs, "_build", build)
+    with ThreadPoolExecutor(2) as pool:
+        made = list(pool.map(lambda _: rootfs.ensure("trixie"), range(2)))
+    assert builds == ["trixie"]
+    assert made[0] == made[1] == rootfs.tarball("trixie")
