@@ -118,10 +118,7 @@ def lint() -> int:
 def test(extra: list[str]) -> int:
     # One pytest run, so its closing line counts everything: unit tests, linters, the real
     # host's properties, and `molecule test` (the lab end to end, verified against the cluster).
-    # Two workers (pytest-xdist): the host tests mostly wait on their hosts, so two groups of them
-    # side by side take little more than the longer one; tests sharing a host stay in one worker
-    # (tests/conftest.py).
-    return sh([str(BIN / "pytest"), "-v", "-rfE", "--durations=10", "-n", "2", "--dist", "loadgroup",
+    return sh([str(BIN / "pytest"), "-v", "-rfE", "--durations=10",
                "tests/unit", "tests/lint", "tests/host", "tests/controller", "tests/faults", "tests/molecule",
                *extra])
 
