@@ -118,7 +118,9 @@ def lint() -> int:
 def test(extra: list[str]) -> int:
     # One pytest run, so its closing line counts everything: unit tests, linters, the real
     # host's properties, and `molecule test` (the lab end to end, verified against the cluster).
+    # Two workers (pytest-xdist): the tests sharing a host stay together (tests/conftest.py).
     return sh([str(BIN / "pytest"), "-v", "-rfE", "--durations=10",
+               "-n", "2", "--dist", "loadscope", "--no-loadscope-reorder",
                "tests/unit", "tests/lint", "tests/host", "tests/controller", "tests/faults", "tests/molecule",
                *extra])
 
