@@ -47,6 +47,7 @@ service, whose sandbox then binds the directory anew).
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import signal
@@ -183,9 +184,22 @@ def api_client(kubeconfig: str, pool_size: int):
     return client.ApiClient(cfg)
 
 
+def log_to_stderr() -> None:
+    """The elector says who leads through `logging`; unconfigured, Python would drop its INFO
+    lines (leader and transitions belong in the journal) and print its warnings without a prefix."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("cnpa-op: %(message)s"))
+    root = logging.getLogger("cnpa_controller")
+    if not root.handlers:  # main() may run more than once in one interpreter (tests)
+        root.addHandler(handler)
+    root.setLevel(logging.INFO)
+
+
 def main(env: dict | None = None) -> int:
     env = dict(os.environ if env is None else env)
     from . import Api
+
+    log_to_stderr()
 
     try:
         conf = read_config(env)

@@ -80,3 +80,15 @@ def test_with_leader_election_writes_time_out_before_another_host_could_take_ove
     s = read_config({})["settings"]
     assert s.write_timeout == 5 and s.not_leader_retry_seconds == 2
     assert read_config({"CNPA_LEADER_ELECTION": "0"})["settings"].write_timeout == 0
+
+
+def test_the_electors_news_reaches_the_journal():
+    """Who leads and every transition must be in the journal: the elector says it with `logging`
+    at INFO, which Python drops unless the process configures a handler."""
+    code = ("import logging; from cnpa_controller.__main__ import log_to_stderr; log_to_stderr();"
+            " log = logging.getLogger('cnpa_controller.leader');"
+            " log.info('host-a: became leader on lease cnpa-system/cnpa-op');"
+            " log.debug('not this')")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                          cwd=ROOT, check=True)
+    assert proc.stderr == "cnpa-op: host-a: became leader on lease cnpa-system/cnpa-op\n"
