@@ -232,3 +232,30 @@ def test_uninstall_archives_releases_and_leaves_nothing(installed):
     again = play(host, "uninstall.yml", *drop)
     assert again.rc == 0 and again.stats.get("changed") == 0, str(again)
     assert leftovers(host) == [] and host.sh(f"test -e {BASE}", check=False).returncode != 0
+
+
+def test_uninstall_keeps_the_records_in_the_cluster_unless_asked(installed):
+    """The watch controller keeps every archive record also as ConfigMap archive-UID in
+    cnpa-system (cnpa_controller_archive_configmaps): records, so kept by default, with the
+    namespace holding them; a second run then changes nothing; keep_records=false removes them."""
+    host = installed
+    if not host.exists("crd", TS):
+        install(host)
+    gone = teamspace(host, "ib-gone")
+    uid = gone["metadata"]["uid"]
+    wait_for(lambda: served(host, "ib-gone"), timeout=60, what="ib-gone served")
+    host.kubectl("delete", TS, "ib-gone", "--wait=true", "--timeout=60s")
+    record = host.get("configmap", f"archive-{uid}", "-n", "cnpa-system")
+    assert record["metadata"]["labels"]["platform.labhub.io/archived-teamspace"] == "ib-gone"
+    assert json.loads(record["data"]["ib-gone.json"]) == {"name": "ib-gone", "uid": uid, "pods": 2}
+
+    run = play(host, "uninstall.yml", "-e", CONFIRM)
+    assert run.rc == 0, str(run)
+    assert sorted(leftovers(host)) == sorted(["namespace/cnpa-system", f"configmap/archive-{uid}"])
+    assert "archive records" in json.dumps(run.out), str(run)
+    again = play(host, "uninstall.yml", "-e", CONFIRM)
+    assert again.rc == 0 and again.stats.get("changed") == 0, str(again)
+
+    run = play(host, "uninstall.yml", "-e", CONFIRM, "-e", "cnpa_reconciler_keep_records=false")
+    assert run.rc == 0, str(run)
+    assert leftovers(host) == [] and host.sh(f"test -e {BASE}", check=False).returncode != 0
