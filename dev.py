@@ -119,8 +119,8 @@ def test(extra: list[str]) -> int:
     # One pytest run, so its closing line counts everything: unit tests, linters, the real
     # host's properties, and `molecule test` (the lab end to end, verified against the cluster).
     return sh([str(BIN / "pytest"), "-v", "-rfE", "--durations=10",
-               "tests/unit", "tests/lint", "tests/host", "tests/controller", "tests/faults", "tests/molecule",
-               *extra])
+               "tests/unit", "tests/lint", "tests/host", "tests/controller", "tests/faults",
+               "tests/multihost", "tests/molecule", *extra])
 
 
 def lab_reset_args(*, own_testhost: bool, reset: bool, interactive: bool,
