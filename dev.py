@@ -121,8 +121,8 @@ def test(extra: list[str]) -> int:
     # Two workers (pytest-xdist): the tests sharing a host stay together (tests/conftest.py).
     return sh([str(BIN / "pytest"), "-v", "-rfE", "--durations=10",
                "-n", "2", "--dist", "loadscope", "--no-loadscope-reorder",
-               "tests/unit", "tests/lint", "tests/host", "tests/controller", "tests/faults", "tests/molecule",
-               *extra])
+               "tests/unit", "tests/lint", "tests/host", "tests/controller", "tests/faults",
+               "tests/multihost", "tests/molecule", *extra])
 
 
 def lab_reset_args(*, own_testhost: bool, reset: bool, interactive: bool,

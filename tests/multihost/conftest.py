@@ -1,0 +1,34 @@
+"""Fixtures for tests on three real test hosts sharing one API server (issue 13).
+
+`hosts`: three running hostlib.Host, named by CNPA_MULTIHOST_HOSTS (comma separated, default
+mhp-1,mhp-2,mhp-3). The first ("A") runs the one API server; B and C use it through A's admin
+kubeconfig at the roles' cnpa_kubeconfig path, their own control plane stopped (mhlib.join).
+Fresh hosts, destroyed at the end; with CNPA_MULTIHOST_REUSE=1 three running hosts of those names
+are used and left running (handy while developing).
+`inventory`: an INI inventory whose group k3s holds the three hosts over real SSH.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from mhlib import host_names, three_hosts, write_inventory
+
+
+@pytest.fixture(scope="session")
+def hosts():
+    if os.geteuid() != 0:
+        pytest.skip("the test hosts need root")
+    with three_hosts(host_names()) as hs:
+        yield hs
+
+
+@pytest.fixture(scope="session")
+def inventory(hosts, tmp_path_factory) -> Path:
+    return write_inventory(hosts, tmp_path_factory.mktemp("multihost") / "inventory.ini")
