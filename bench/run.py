@@ -393,7 +393,8 @@ class Bench:
             proc.wait(timeout=10)
         self.kopf_log.close()
 
-    def start_watch(self, identity: str, lease: str = HA_LEASE, leader: bool = True) -> None:
+    def start_watch(self, identity: str, lease: str = HA_LEASE, leader: bool = True,
+                    extra_env: dict | None = None) -> None:
         """`python3 -m cnpa_controller` as installed in watch mode (leader election on, default
         resync and workers), with the admin kubeconfig: its requests are the admin user's in the
         audit log, told apart by the user agent cnpa-controller/IDENTITY. leader: wait until it
@@ -404,7 +405,7 @@ class Bench:
         err = Path(f"/tmp/cnpa-bench-watch/{identity}/stderr.log")
         env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "KUBECONFIG": str(self.inst.kubeconfig),
                "CNPA_ARCHIVE_DIR": str(archive), "CNPA_LEADER_ELECTION": "1",
-               "CNPA_LEASE_NAME": lease, "CNPA_LEASE_IDENTITY": identity}
+               "CNPA_LEASE_NAME": lease, "CNPA_LEASE_IDENTITY": identity, **(extra_env or {})}
         with open(err.with_name("stdout.log"), "ab") as out, open(err, "wb") as errf:
             self.watch_procs[identity] = subprocess.Popen(
                 [sys.executable, "-m", "cnpa_controller"], cwd=ROOT, env=env,
@@ -627,16 +628,22 @@ class Bench:
         return lease["spec"].get("holderIdentity") or ""
 
     def run_ha(self, n: int) -> dict:
-        """Three watch controllers on one Lease (default timings: lease 15 s, renew 10 s, retry 2 s).
-        A trial: SIGKILL the leader (it cannot give the Lease up), change one TeamSpace's spec at
-        once, time until the change is reconciled (quota and status); then start the killed one
-        again as a fresh candidate so that three run for every trial."""
+        """Three watch controllers on one Lease (--ha-timings: lease, renew, retry seconds; the
+        unit's defaults are 15, 10, 2). A trial: SIGKILL the leader (it cannot give the Lease up),
+        change one TeamSpace's spec at once, time until the change is reconciled (quota and
+        status); then start the killed one again as a fresh candidate, so that three run for every
+        trial."""
         prefix = f"{TAGS['watch-ha']}{n}-"
-        res: dict = {"controller": "watch-ha", "n": n, "lease": HA_LEASE, "candidates": 3}
-        log(f"watch-ha N={n}: start")
-        self.start_watch("bench-ha-1")
+        lease_s, renew_s, retry_s = self.args.ha_timings.split(",")
+        timings = {"CNPA_LEASE_SECONDS": lease_s, "CNPA_RENEW_SECONDS": renew_s,
+                   "CNPA_LEASE_RETRY_SECONDS": retry_s}
+        res: dict = {"controller": "watch-ha", "n": n, "lease": HA_LEASE, "candidates": 3,
+                     "timings": {"lease_s": float(lease_s), "renew_s": float(renew_s),
+                                 "retry_s": float(retry_s)}}
+        log(f"watch-ha N={n}: start ({timings})")
+        self.start_watch("bench-ha-1", extra_env=timings)
         for i in (2, 3):
-            self.start_watch(f"bench-ha-{i}", leader=False)
+            self.start_watch(f"bench-ha-{i}", leader=False, extra_env=timings)
         self.converge("watch-ha", prefix, n, res)
         rng = random.Random(n)
         latencies, takeovers = [], []
@@ -661,7 +668,7 @@ class Bench:
             latencies.append(round(time.monotonic() - t0, 3))
             takeovers.append({"killed": leader, "new_leader": self.lease_holder()})
             log(f"watch-ha trial {trial}: {latencies[-1]} s ({takeovers[-1]})")
-            self.start_watch(leader, leader=False)
+            self.start_watch(leader, leader=False, extra_env=timings)
         res["leader_lost_s"] = latencies
         res["takeovers"] = takeovers
         self.stop("watch-ha")
@@ -721,6 +728,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="controller script to measure (default: this repository's)")
     parser.add_argument("--merge", action="store_true",
                         help="keep bench/results.json's runs of the other controllers and sizes")
+    parser.add_argument("--ha-timings", default="15,10,2",
+                        help="watch-ha: CNPA_LEASE_SECONDS,CNPA_RENEW_SECONDS,CNPA_LEASE_RETRY_SECONDS")
     parser.add_argument("--report-only", action="store_true", help="rewrite docs from results.json")
     args = parser.parse_args(argv)
     args.argv = ["bench/run.py", *(argv if argv is not None else sys.argv[1:])]
@@ -740,7 +749,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.merge and (ROOT / "bench/results.json").exists():
         old = json.loads((ROOT / "bench/results.json").read_text())
         redone = {(c, n) for c in args.controllers for n in args.sizes}
-        bench.results["runs"] = [r for r in old["runs"] if (r["controller"], r["n"]) not in redone]
+        timings = dict(zip(("lease_s", "renew_s", "retry_s"),
+                           (float(x) for x in args.ha_timings.split(","))))
+        # HA runs with other Lease timings are other rows: both stay.
+        bench.results["runs"] = [r for r in old["runs"] if (r["controller"], r["n"]) not in redone
+                                 or (r["controller"] == "watch-ha" and r.get("timings") != timings)]
         bench.results["sizes"] = sorted(set(old["sizes"]) | set(args.sizes))
         bench.results["earlier"] = [*old.get("earlier", []),
                                     {k: old.get(k) for k in ("command", "started")}]

@@ -82,3 +82,16 @@ def test_ratios_compare_at_the_same_n_only():
     rows = report.watch_ratios(res)[2:]
     assert rows[0].startswith("| 200 | - | - | 2.0x | - | 25x | - | 18x | - | 100x |"), rows[0]
     assert rows[1].startswith("| 1000 | 1.2x | - | - |"), rows[1]
+
+
+def test_each_set_of_lease_timings_gets_its_own_leader_lost_verdict():
+    ha = {"controller": "watch-ha", "n": 200, "candidates": 3,
+          "takeovers": [{"killed": "a", "new_leader": "b"}]}
+    res = results(watch_run(200), {**ha, "leader_lost_s": [16.2]},
+                  {**ha, "leader_lost_s": [9.8], "timings": {"lease_s": 8, "renew_s": 5, "retry_s": 1}},
+                  sizes=(200,))
+    out = [x for x in report.watch_targets(res) if x.startswith("- Leader lost")]
+    assert len(out) == 2
+    assert "(Lease 15 s" in out[0] and "MISSED by 1.2 s" in out[0]
+    assert "(Lease 8 s" in out[1] and ": met (" in out[1]
+    assert "| 8 / 5 / 1 | 9.8 |" in "\n".join(report.ha_table(res))
