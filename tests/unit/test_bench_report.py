@@ -95,3 +95,11 @@ def test_each_set_of_lease_timings_gets_its_own_leader_lost_verdict():
     assert "(Lease 15 s" in out[0] and "MISSED by 1.2 s" in out[0]
     assert "(Lease 8 s" in out[1] and ": met (" in out[1]
     assert "| 8 / 5 / 1 | 9.8 |" in "\n".join(report.ha_table(res))
+
+
+def test_rows_measured_under_load_are_flagged_at_the_top():
+    quiet = {**watch_run(200), "load": {"before": [0.4, 0.5, 0.6]}, "started": "2026-12-05 03:00 UTC"}
+    busy = {**watch_run(1000), "load": {"before": [9.7, 10.1, 8.0]}, "started": "2026-12-04 18:33 UTC"}
+    assert report.noisy_line(results(quiet, sizes=(200,))) == []
+    line = report.noisy_line(results(quiet, busy, sizes=(200, 1000)))[0]
+    assert "1 rows (watch)" in line and "2026-12-04" in line and "9.7-9.7" in line
