@@ -690,6 +690,7 @@ class Bench:
                         continue
                     # The machine is shared: the load beside every figure says how noisy it is.
                     load0 = os.getloadavg()
+                    started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
                     try:
                         res = self.run_one(ctl, n)
                     except (TimeoutError, ApiException, ApiError, OSError,
@@ -700,7 +701,7 @@ class Bench:
                             self.stop(ctl)
                         self.cleanup(f"{TAGS[ctl]}{n}-")
                         self.cleanup(f"{TAGS[ctl]}{n}n-")
-                    res["started"] = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+                    res["started"] = started
                     res["load"] = {"before": [round(x, 2) for x in load0],
                                    "after": [round(x, 2) for x in os.getloadavg()]}
                     self.results["runs"].append(res)
