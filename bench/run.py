@@ -1,13 +1,18 @@
 """Benchmark: reconcile cost versus the number of TeamSpaces (issue 5).
 
-    sudo .venv/bin/python bench/run.py            # N = 1, 10, 50, 200; writes docs/benchmark.*
+    sudo bench-venv/bin/python bench/run.py   # N = 1 ... 5,000; writes docs/benchmark.*
+
+bench-venv: the project's .venv plus requirements-bench.txt's kopf and matplotlib (docs/benchmark.md
+says how; the shared .venv stays as `dev.py setup` made it).
 
 Creates its own throwaway test host (`python -m testhost`, instance "bench"), makes its audit log
 record reads as well as writes (for the admin user only; the shared default policy file is not
 touched, only the copy inside this host), installs the CRD and reconcile.sh from this repository
-and runs cnpa-op.service rendered from roles/cnpa_controller. Then, for every N and for each of
-three controllers - reconcile.sh, the naive baseline (bench/naive_reconcile.sh, same unit) and the
-kopf peer (bench/kopf_peer.py, event-driven) - it measures:
+and runs cnpa-op.service rendered from roles/cnpa_controller. Then, for every N and for each
+controller - reconcile.sh (the 3 s loop), the naive baseline (bench/naive_reconcile.sh, same unit),
+the kopf peer (bench/kopf_peer.py, event-driven) and the watch controller (`python3 -m
+cnpa_controller`, issue 13; like kopf run on this machine against the host's API server) - it
+measures:
 
   converge   create N TeamSpaces, time until every one has its namespace (owned by it), its
              quota (pods as in the spec) and status.observedGeneration == generation;
@@ -15,6 +20,17 @@ kopf peer (bench/kopf_peer.py, event-driven) - it measures:
   idle pass  the service stopped, one pass by hand with nothing to do: wall time, requests by
              verb from the audit log, writes, CPU time and peak memory (kopf: a 3 s idle window);
   work pass  the service stopped, every TeamSpace's spec.pods changed, one pass by hand.
+  ready      create one more TeamSpace at a random moment, time until its status is written for
+             its generation (status is the last write, after namespace and quota);
+  idle       kopf and watch have no passes: requests, writes and CPU over an idle window.
+Two more rows that are not controllers:
+  floor      the same TeamSpace creates and the same finalizer, namespace, quota and status writes
+             (cnpa_plan.plan() of each created TeamSpace, sent as the watch controller's executor
+             sends them) from one client with nothing to read or decide: the host's floor for
+             "N new TeamSpaces converged";
+  watch-ha   three watch controllers with leader election on one Lease; the leader is SIGKILLed,
+             a TeamSpace's spec is changed right after: time until that change is reconciled.
+Every run records the machine's load average (os.getloadavg, as `uptime` shows it) before and after.
 
 Results: docs/benchmark.md (table + command), docs/benchmark.png (plot), bench/results.json.
 Every wait is bounded in time and count; the host is destroyed at the end unless --keep.
@@ -45,6 +61,9 @@ import kubernetes  # noqa: E402
 import yaml  # noqa: E402
 from kubernetes.client.rest import ApiException  # noqa: E402
 
+import cnpa_plan  # noqa: E402
+from cnpa_controller import Api, ApiError  # noqa: E402
+from cnpa_controller.executor import request_of  # noqa: E402
 from testhost import instance as testhost  # noqa: E402
 
 GROUP, VERSION, PLURAL = "platform.labhub.io", "v1alpha1", "teamspaces"
@@ -54,7 +73,21 @@ WRITE_VERBS = {"create", "update", "patch", "delete", "deletecollection"}
 HOST_KUBECONFIG = "/etc/rancher/k3s/k3s.yaml"
 BENCH_DIR = "/root/cnpa-bench"  # inside the host: probe, naive script
 PERIOD = 3.0
-TAGS = {"reconcile.sh": "r", "naive": "n", "kopf": "k"}  # TeamSpace name prefixes
+# Restore and ready polls: short against the event-driven targets (p50 0.1 s), a few dozen cheap
+# GETs per second against a 2-core server.
+POLL = 0.02
+TAGS = {"reconcile.sh": "r", "naive": "n", "kopf": "k", "watch": "w", "floor": "f",
+        "watch-ha": "h"}  # TeamSpace name prefixes
+EVENT_DRIVEN = ("kopf", "watch")  # processes on this machine: no passes, an idle window instead
+IDLE_WINDOW = 20.0  # s; far shorter than the watch controller's resync (300 s): "between resyncs"
+WATCH_AGENT = "cnpa-controller/"  # its user agent (cnpa-controller/IDENTITY), as the audit shows
+HA_LEASE = "cnpa-op-bench"
+# The naive baseline takes minutes per pass at N = 200 (hours to converge 1,000). The 3 s loop fits
+# up to about 1,000: at 5,000 its idle pass alone (3.5 s, issue 13) is longer than its sleep.
+MAX_N = {"naive": 200, "reconcile.sh": 1000}
+FLOOR_IN_FLIGHT = 32  # see run_floor
+# The control plane's processes inside the host, whose CPU time over a converge says what bounds it.
+SERVER_UNITS = ("kube-apiserver", "etcd", "kube-controller-manager")
 
 # The bench host's audit policy: every request of the admin user (kubectl, the benchmark, kopf),
 # writes of everyone else - the default policy's lines stay as they are.
@@ -75,6 +108,23 @@ def log(msg: str) -> None:
     print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
 
+def render_default(value, values: dict):
+    """A role default rendered with the others; one that needs Ansible (lookup()) stays as it is:
+    the unit does not use those."""
+    if not isinstance(value, str):
+        return value
+    try:
+        return jinja2.Template(value).render(values)
+    except jinja2.TemplateError:
+        return value
+
+
+def new_teamspace(prefix: str, i: int) -> dict:
+    return {"apiVersion": f"{GROUP}/{VERSION}", "kind": "TeamSpace",
+            "metadata": {"name": f"{prefix}{i:03d}"},
+            "spec": {"pods": 1 + i % 50, "cpu": "500m" if i % 2 else "1"}}
+
+
 def script_info(path: Path) -> dict:
     """Which script cnpa-op.service runs (installed by setup_host): path, sha256 prefix, commit."""
     commit = subprocess.run(["git", "-C", str(ROOT), "log", "-1", "--format=%h %cI", "--", str(path)],
@@ -89,6 +139,7 @@ class Bench:
         self.args = args
         self.inst: testhost.Instance | None = None
         self.kopf_proc: subprocess.Popen | None = None
+        self.watch_procs: dict[str, subprocess.Popen] = {}  # identity -> process
         self.results: dict = {"sizes": args.sizes, "trials": args.trials, "runs": []}
 
     # -- host --------------------------------------------------------------------------------
@@ -144,9 +195,10 @@ class Bench:
         self.sh("systemctl daemon-reload")
         kubernetes.config.load_kube_config(config_file=str(self.inst.kubeconfig))
         cfg = kubernetes.client.Configuration.get_default_copy()
-        cfg.connection_pool_maxsize = 16
+        cfg.connection_pool_maxsize = FLOOR_IN_FLIGHT + 8
         api = kubernetes.client.ApiClient(cfg)
         self.core = kubernetes.client.CoreV1Api(api)
+        self.api = Api(api, timeout=30)  # plain-dict requests (the watch controller's client)
         self.custom = kubernetes.client.CustomObjectsApi(api)
         # a reused host may hold a previous run's controllers and objects: start from nothing
         self.sh("systemctl stop cnpa-op cnpa-naive", check=False)
@@ -164,9 +216,9 @@ class Bench:
         values.setdefault("cnpa_controller_restart_sec", 1)
         values["cnpa_kubeconfig"] = values.get("cnpa_kubeconfig", HOST_KUBECONFIG)
         for _ in range(3):  # defaults refer to each other ("{{ cnpa_base_dir }}/archive")
-            values = {k: jinja2.Template(v).render(values) if isinstance(v, str) else v
-                      for k, v in values.items()}
+            values = {k: render_default(v, values) for k, v in values.items()}
         values["cnpa_script"] = script
+        values["cnpa_controller_mode"] = "loop"  # this unit is the 3 s loop; watch is run apart
         # The role's least-privilege ServiceAccount kubeconfig is made by the role; the benchmark
         # runs the unit with the admin kubeconfig (its requests are the admin user's in the audit).
         values["cnpa_controller_unit_kubeconfig"] = HOST_KUBECONFIG
@@ -198,52 +250,92 @@ class Bench:
         assert self.inst is not None
         return (self.inst.root / "var/log/kubernetes/audit.log").stat().st_size
 
-    def audit_since(self, offset: int, agent: str) -> dict:
-        """Requests of the admin user whose user agent starts with `agent`, by verb."""
+    def audit_lines(self, offset: int) -> list[dict]:
         assert self.inst is not None
         time.sleep(0.5)  # let the API server flush the last lines
         with open(self.inst.root / "var/log/kubernetes/audit.log", "rb") as fh:
             fh.seek(offset)
             lines = fh.read().splitlines()
-        verbs: dict[str, int] = {}
+        out = []
         for line in lines:
-            try:
-                ev = json.loads(line)
-            except ValueError:
-                continue
-            if ev.get("user", {}).get("username") != "admin" or ev.get("stage") == "ResponseStarted":
+            with contextlib.suppress(ValueError):
+                out.append(json.loads(line))
+        return [ev for ev in out if ev.get("stage") != "ResponseStarted"]
+
+    def writes_by_user(self, offset: int) -> dict:
+        """Writes since offset by user: who else wrote while N TeamSpaces converged (the
+        controller-manager's ServiceAccount and kube-root-ca.crt ConfigMap in every namespace)."""
+        users: dict[str, int] = {}
+        for ev in self.audit_lines(offset):
+            if ev.get("verb") in WRITE_VERBS:
+                user = ev.get("user", {}).get("username", "?")
+                if user == "admin":  # the benchmark, the controller under test: told by user agent
+                    user += f" ({ev.get('userAgent', '').split('/')[0]})"
+                users[user] = users.get(user, 0) + 1
+        return dict(sorted(users.items(), key=lambda kv: -kv[1]))
+
+    def server_cpu(self) -> dict:
+        """CPU seconds so far of the host's control plane processes (from /proc inside the host)."""
+        script = "; ".join(
+            f"p=$(systemctl show -p MainPID --value {u}); echo {u} $(cut -d')' -f2- /proc/$p/stat)"
+            for u in SERVER_UNITS)
+        out: dict[str, float] = {}
+        tick = os.sysconf("SC_CLK_TCK")
+        for line in self.sh(script, check=False).stdout.splitlines():
+            f = line.split()
+            if len(f) > 13:  # fields after the name: state is [1], utime [12], stime [13]
+                out[f[0]] = (int(f[12]) + int(f[13])) / tick
+        return out
+
+    def audit_since(self, offset: int, agent: str, by_resource: bool = False) -> dict:
+        """Requests of the admin user whose user agent starts with `agent`, by verb (and resource,
+        so that the watch controller's Lease renewals show as such)."""
+        verbs: dict[str, int] = {}
+        for ev in self.audit_lines(offset):
+            if ev.get("user", {}).get("username") != "admin":
                 continue
             if not ev.get("userAgent", "").startswith(agent):
                 continue
             ref = ev.get("objectRef", {})
             uri = ev.get("requestURI", "")
             if ref.get("resource"):
-                key = ev["verb"]
+                key = f"{ev['verb']} {ref['resource']}" if by_resource else ev["verb"]
             else:  # kubectl's own reads: API discovery (/api, /apis/...) and OpenAPI schemas
                 key = f"{ev['verb']} ({'openapi' if uri.startswith('/openapi') else 'discovery'})"
             verbs[key] = verbs.get(key, 0) + 1
         return dict(sorted(verbs.items()))
 
+    def raw(self, path: str, query: dict | None = None) -> dict:
+        """GET as a plain dict: model objects cost seconds of this machine's CPU at N = 1,000+,
+        taken from the controller under test."""
+        return self.api.request("GET", path, query=query)
+
     def teamspaces(self, prefix: str) -> list[dict]:
-        items = self.custom.list_cluster_custom_object(GROUP, VERSION, PLURAL)["items"]
+        items = self.raw(f"/apis/{GROUP}/{VERSION}/{PLURAL}")["items"]
         return [t for t in items if t["metadata"]["name"].startswith(prefix)]
+
+    @staticmethod
+    def status_done(t: dict) -> bool:
+        """Status written for the current generation: the last write of a TeamSpace's pass."""
+        st, m = t.get("status") or {}, t["metadata"]
+        return st.get("observedGeneration") == m["generation"] and st.get("namespace") == f"team-{m['name']}"
 
     def converged(self, prefix: str, n: int) -> bool:
         ts = self.teamspaces(prefix)
-        nss = {ns.metadata.name: ns for ns in self.core.list_namespace(label_selector=LABEL).items}
-        quotas = {q.metadata.namespace: q for q in self.core.list_resource_quota_for_all_namespaces(
-            field_selector="metadata.name=team-quota").items}
-        if len(ts) != n:
+        # The namespaces and quotas are listed only once every status is written (one list per
+        # poll instead of three while the controller is still at work).
+        if len(ts) != n or not all(self.status_done(t) for t in ts):
             return False
+        nss = {ns["metadata"]["name"]: ns for ns in
+               self.raw("/api/v1/namespaces", {"labelSelector": LABEL})["items"]}
+        quotas = {q["metadata"]["namespace"]: q for q in self.raw(
+            "/api/v1/resourcequotas", {"fieldSelector": "metadata.name=team-quota"})["items"]}
         for t in ts:
             m, nsname = t["metadata"], f"team-{t['metadata']['name']}"
-            st = t.get("status") or {}
             ns, q = nss.get(nsname), quotas.get(nsname)
-            if st.get("observedGeneration") != m["generation"] or st.get("namespace") != nsname:
+            if ns is None or m["uid"] not in [o["uid"] for o in ns["metadata"].get("ownerReferences", [])]:
                 return False
-            if ns is None or m["uid"] not in [o.uid for o in ns.metadata.owner_references or []]:
-                return False
-            if q is None or (q.spec.hard or {}).get("pods") != str(t["spec"]["pods"]):
+            if q is None or q["spec"].get("hard", {}).get("pods") != str(t["spec"]["pods"]):
                 return False
         return True
 
@@ -251,13 +343,18 @@ class Bench:
     def start(self, ctl: str) -> None:
         if ctl == "kopf":
             self.start_kopf()
-            return
-        self.sh(f"systemctl start {self.unit_name(ctl)}")
+        elif ctl == "watch":
+            self.start_watch("bench-watch")
+        else:
+            self.sh(f"systemctl start {self.unit_name(ctl)}")
 
     def stop(self, ctl: str) -> None:
         if ctl == "kopf":
             self.stop_kopf()
-        else:
+        elif ctl in ("watch", "watch-ha"):
+            for identity in list(self.watch_procs):
+                self.stop_watch(identity)
+        elif ctl != "floor":
             self.sh(f"systemctl stop {self.unit_name(ctl)}", timeout=60)
 
     @staticmethod
@@ -273,7 +370,7 @@ class Bench:
                    CNPA_ARCHIVE_DIR="/tmp/cnpa-bench-kopf-archive")
         self.kopf_log = open("/tmp/cnpa-bench-kopf.log", "ab")  # noqa: SIM115 - child's stdout
         self.kopf_proc = subprocess.Popen(
-            [str(ROOT / ".venv/bin/kopf"), "run", "--standalone", "--all-namespaces", "--quiet",
+            [sys.executable, "-m", "kopf", "run", "--standalone", "--all-namespaces", "--quiet",
              f"--liveness=http://127.0.0.1:{port}/healthz", str(ROOT / "bench/kopf_peer.py")],
             env=env, stdout=self.kopf_log, stderr=subprocess.STDOUT, start_new_session=True)
 
@@ -297,10 +394,50 @@ class Bench:
             proc.wait(timeout=10)
         self.kopf_log.close()
 
-    def kopf_usage(self) -> tuple[float, float]:
-        """(CPU seconds so far, peak RSS MiB) of the kopf process."""
-        assert self.kopf_proc is not None
-        pid = self.kopf_proc.pid
+    def start_watch(self, identity: str, lease: str = HA_LEASE, leader: bool = True,
+                    extra_env: dict | None = None) -> None:
+        """`python3 -m cnpa_controller` as installed in watch mode (leader election on, default
+        resync and workers), with the admin kubeconfig: its requests are the admin user's in the
+        audit log, told apart by the user agent cnpa-controller/IDENTITY. leader: wait until it
+        leads (a Lease left by an earlier process that was stopped cleanly is released at once)."""
+        assert self.inst is not None
+        archive = Path(f"/tmp/cnpa-bench-watch/{identity}/archive")
+        archive.mkdir(parents=True, exist_ok=True)  # it must exist (exit 4 otherwise)
+        err = Path(f"/tmp/cnpa-bench-watch/{identity}/stderr.log")
+        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "KUBECONFIG": str(self.inst.kubeconfig),
+               "CNPA_ARCHIVE_DIR": str(archive), "CNPA_LEADER_ELECTION": "1",
+               "CNPA_LEASE_NAME": lease, "CNPA_LEASE_IDENTITY": identity, **(extra_env or {})}
+        with open(err.with_name("stdout.log"), "ab") as out, open(err, "wb") as errf:
+            self.watch_procs[identity] = subprocess.Popen(
+                [sys.executable, "-m", "cnpa_controller"], cwd=ROOT, env=env,
+                stdout=out, stderr=errf, stdin=subprocess.DEVNULL, start_new_session=True)
+        proc = self.watch_procs[identity]
+        news = "became the leader" if leader else "caches synced"
+        self.wait(lambda: news in err.read_text() or proc.poll() is not None, 90,
+                  f"watch controller {identity}: {news}")
+        if proc.poll() is not None:
+            raise subprocess.SubprocessError(f"watch controller {identity} exited: {err.read_text()}")
+
+    def stop_watch(self, identity: str, kill: bool = False) -> None:
+        """SIGTERM (it gives the Lease up) or, for the HA run, SIGKILL (it cannot)."""
+        proc = self.watch_procs.pop(identity, None)
+        if proc is None or proc.poll() is not None:
+            return
+        proc.send_signal(signal.SIGKILL if kill else signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=10)
+
+    def peer_pid(self, ctl: str) -> int:
+        proc = self.kopf_proc if ctl == "kopf" else next(iter(self.watch_procs.values()))
+        assert proc is not None
+        return proc.pid
+
+    @staticmethod
+    def usage(pid: int) -> tuple[float, float]:
+        """(CPU seconds so far, peak RSS MiB) of a process on this machine."""
         fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
         cpu = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
         hwm = next(ln for ln in Path(f"/proc/{pid}/status").read_text().splitlines()
@@ -310,10 +447,7 @@ class Bench:
     # -- one controller at one N -------------------------------------------------------------
     def create_teamspaces(self, prefix: str, n: int) -> None:
         def one(i: int) -> None:
-            self.custom.create_cluster_custom_object(GROUP, VERSION, PLURAL, {
-                "apiVersion": f"{GROUP}/{VERSION}", "kind": "TeamSpace",
-                "metadata": {"name": f"{prefix}{i:03d}"},
-                "spec": {"pods": 1 + i % 50, "cpu": "500m" if i % 2 else "1"}})
+            self.api.request("POST", f"/apis/{GROUP}/{VERSION}/{PLURAL}", body=new_teamspace(prefix, i))
         with ThreadPoolExecutor(8) as pool:
             list(pool.map(one, range(n)))
 
@@ -326,6 +460,8 @@ class Bench:
         res = json.loads(out.stdout.strip().splitlines()[-1])
         res["requests"] = self.audit_since(off, "kubectl")
         res["writes"] = sum(v for k, v in res["requests"].items() if k.split()[0] in WRITE_VERBS)
+        # The loop runs a pass, then sleeps 3 s: its share of a core while idle.
+        res["cpu_pct"] = round(100 * res["cpu_s"] / (res["wall_s"] + PERIOD), 1)
         return res
 
     def restore_trials(self, ctl: str, prefix: str, n: int, budget: float, bound: float) -> list[float]:
@@ -348,7 +484,25 @@ class Bench:
                     if exc.status == 404:
                         return False
                     raise
-            self.wait(back, bound, f"{ctl}: quota in {ns} restored", interval=0.05)
+            self.wait(back, bound, f"{ctl}: quota in {ns} restored", interval=POLL)
+            latencies.append(round(time.monotonic() - t0, 3))
+        return latencies
+
+    def ready_trials(self, ctl: str, prefix: str, budget: float, bound: float) -> list[float]:
+        """New TeamSpace -> its status written (Ready), one at a time at a random moment of the
+        loop, polled every POLL s. prefix is not the run's (so converged() still counts N)."""
+        rng = random.Random(len(prefix))
+        latencies: list[float] = []
+        t_end = time.monotonic() + budget
+        for i in range(self.args.trials):
+            if time.monotonic() > t_end:
+                break
+            time.sleep(rng.uniform(0, PERIOD + 0.3))
+            t0 = time.monotonic()
+            self.api.request("POST", f"/apis/{GROUP}/{VERSION}/{PLURAL}", body=new_teamspace(prefix, i))
+            path = f"/apis/{GROUP}/{VERSION}/{PLURAL}/{prefix}{i:03d}"
+            self.wait(lambda path=path: self.status_done(self.raw(path)), bound,
+                      f"{ctl}: {path} ready", interval=POLL)
             latencies.append(round(time.monotonic() - t0, 3))
         return latencies
 
@@ -363,12 +517,45 @@ class Bench:
                 self.custom.delete_cluster_custom_object(GROUP, VERSION, PLURAL, name)
         try:
             self.wait(lambda: not self.teamspaces(prefix) and not [
-                ns for ns in self.core.list_namespace(label_selector=LABEL).items], 300,
-                "namespaces gone", interval=1)
+                ns for ns in self.raw("/api/v1/namespaces", {"labelSelector": LABEL})["items"]
+                if ns["metadata"]["name"].startswith(f"team-{prefix}")], 900,
+                "namespaces gone", interval=2)
         except TimeoutError as exc:
             log(f"warning: {exc}")
 
+    def converge(self, ctl: str, prefix: str, n: int, res: dict, send=None) -> None:
+        """N new TeamSpaces -> all converged; besides the time, what else the server did meanwhile:
+        CPU of the control plane's processes and every user's writes (audit log)."""
+        off, cpu0, t0 = self.audit_offset(), self.server_cpu(), time.monotonic()
+        (send or self.create_teamspaces)(prefix, n)
+        res["create_s"] = round(time.monotonic() - t0, 3)
+        bound = 1200 if ctl == "naive" else 900
+        # Poll less often at large N: each poll lists N TeamSpaces on the same 2 cores.
+        self.wait(lambda: self.converged(prefix, n), bound, f"{ctl} N={n} converged",
+                  interval=max(0.2, n / 2000))
+        res["converge_s"] = round(time.monotonic() - t0, 3)
+        cpu1 = self.server_cpu()
+        res["converge_server_cpu_s"] = {k: round(cpu1[k] - cpu0.get(k, 0), 2) for k in cpu1}
+        res["converge_writes_by_user"] = self.writes_by_user(off)
+
+    def idle_window(self, ctl: str) -> dict:
+        """An event-driven peer with nothing to do: its requests and CPU over IDLE_WINDOW."""
+        pid = self.peer_pid(ctl)
+        cpu0, _ = self.usage(pid)
+        off = self.audit_offset()
+        time.sleep(IDLE_WINDOW)
+        cpu1, rss = self.usage(pid)
+        reqs = self.audit_since(off, "kopf" if ctl == "kopf" else WATCH_AGENT, by_resource=True)
+        return {"wall_s": None, "cpu_s": round(cpu1 - cpu0, 4), "maxrss_mib": round(rss, 1),
+                "cpu_pct": round(100 * (cpu1 - cpu0) / IDLE_WINDOW, 2), "window_s": IDLE_WINDOW,
+                "requests": reqs, "writes": sum(v for k, v in reqs.items() if k.split()[0] in WRITE_VERBS),
+                "note": f"requests and CPU over a {IDLE_WINDOW:.0f} s idle window"}
+
     def run_one(self, ctl: str, n: int) -> dict:
+        if ctl == "floor":
+            return self.run_floor(n)
+        if ctl == "watch-ha":
+            return self.run_ha(n)
         tag = TAGS[ctl]
         prefix = f"{tag}{n}-"
         res: dict = {"controller": ctl, "n": n}
@@ -376,29 +563,17 @@ class Bench:
         if ctl == "reconcile.sh":
             res["script"] = script_info(Path(self.args.reconcile))
         self.start(ctl)
-        k0 = self.kopf_usage() if ctl == "kopf" else None
-        t0 = time.monotonic()
-        self.create_teamspaces(prefix, n)
-        res["create_s"] = round(time.monotonic() - t0, 3)
-        bound = 1200 if ctl == "naive" else 300
-        self.wait(lambda: self.converged(prefix, n), bound, f"{ctl} N={n} converged", interval=0.2)
-        res["converge_s"] = round(time.monotonic() - t0, 3)
+        k0 = self.usage(self.peer_pid(ctl)) if ctl in EVENT_DRIVEN else None
+        self.converge(ctl, prefix, n, res)
         if k0 is not None:
-            k1 = self.kopf_usage()
-            res["converge_cpu_s"] = round(k1[0] - k0[0], 3)
+            res["converge_cpu_s"] = round(self.usage(self.peer_pid(ctl))[0] - k0[0], 3)
         log(f"{ctl} N={n}: converged in {res['converge_s']} s; restore trials")
         budget = 200 if ctl == "naive" else 150
-        res["restore_s"] = self.restore_trials(ctl, prefix, n, budget, bound)
-        if ctl == "kopf":
-            cpu0, _ = self.kopf_usage()
-            off = self.audit_offset()
-            time.sleep(PERIOD)
-            cpu1, rss = self.kopf_usage()
-            reqs = self.audit_since(off, "kopf")
-            res["idle"] = {"wall_s": None, "cpu_s": round(cpu1 - cpu0, 4), "maxrss_mib": round(rss, 1),
-                           "requests": reqs, "writes": sum(v for k, v in reqs.items()
-                                                           if k.split()[0] in WRITE_VERBS),
-                           "note": f"requests and CPU over a {PERIOD:.0f} s idle window"}
+        res["restore_s"] = self.restore_trials(ctl, prefix, n, budget, 300)
+        if ctl != "naive":  # one naive pass at N = 200 takes minutes: no trials would fit
+            res["ready_s"] = self.ready_trials(ctl, f"{tag}{n}n-", budget, 300)
+        if ctl in EVENT_DRIVEN:
+            res["idle"] = self.idle_window(ctl)
             self.stop(ctl)
         else:
             self.stop(ctl)
@@ -414,7 +589,92 @@ class Bench:
                                                         {"spec": {"pods": 1 + (t["spec"]["pods"] % 50)}})
             res["work"] = self.probe_pass(ctl)
             res["work"]["converged_after"] = self.converged(prefix, n)
-        log(f"{ctl} N={n}: {json.dumps({k: v for k, v in res.items() if k != 'restore_s'})}")
+        log(f"{ctl} N={n}: {json.dumps({k: v for k, v in res.items() if k not in ('restore_s', 'ready_s')})}")
+        self.cleanup(prefix)
+        self.cleanup(f"{tag}{n}n-")
+        return res
+
+    def run_floor(self, n: int) -> dict:
+        """The host's floor for N new TeamSpaces converged: what the watch controller writes for
+        each (cnpa_plan.plan() of the TeamSpace as created: finalizer, namespace, quota, status),
+        sent by one client as soon as each TeamSpace exists, with no list, watch or cache: no
+        controller can do less. FLOOR_IN_FLIGHT TeamSpaces at a time: with the creating client's 8,
+        a loaded machine made the floor wait on its own round trips (200 at N = 200 took 27 s, the
+        watch controller 13 s), not on the server."""
+        prefix = f"{TAGS['floor']}{n}-"
+        res: dict = {"controller": "floor", "n": n, "in_flight": FLOOR_IN_FLIGHT}
+        log(f"floor N={n}: start")
+        now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        sent = {"requests": 0}
+
+        def one(i: int) -> None:
+            ts = self.api.request("POST", f"/apis/{GROUP}/{VERSION}/{PLURAL}",
+                                  body=new_teamspace(prefix, i))
+            written: dict = {}
+            for w in cnpa_plan.plan(ts, None, None, now):
+                method, path, ctype, body = request_of(w, written)
+                out = self.api.request(method, path, body=body, content_type=ctype)
+                written[w["key"]] = (out["metadata"]["resourceVersion"], out["metadata"]["uid"])
+                sent["requests"] += 1
+
+        def send(prefix: str, n: int) -> None:
+            with ThreadPoolExecutor(FLOOR_IN_FLIGHT) as pool:
+                list(pool.map(one, range(n)))
+        self.converge("floor", prefix, n, res, send=send)
+        res["writes_per_teamspace"] = round(sent["requests"] / n, 2)
+        log(f"floor N={n}: {json.dumps(res)}")
+        self.cleanup(prefix)
+        return res
+
+    def lease_holder(self) -> str:
+        lease = self.api.request("GET", f"/apis/coordination.k8s.io/v1/namespaces/default/leases/{HA_LEASE}")
+        return lease["spec"].get("holderIdentity") or ""
+
+    def run_ha(self, n: int) -> dict:
+        """Three watch controllers on one Lease (--ha-timings: lease, renew, retry seconds; the
+        unit's defaults are 15, 10, 2). A trial: SIGKILL the leader (it cannot give the Lease up),
+        change one TeamSpace's spec at once, time until the change is reconciled (quota and
+        status); then start the killed one again as a fresh candidate, so that three run for every
+        trial."""
+        prefix = f"{TAGS['watch-ha']}{n}-"
+        lease_s, renew_s, retry_s = self.args.ha_timings.split(",")
+        timings = {"CNPA_LEASE_SECONDS": lease_s, "CNPA_RENEW_SECONDS": renew_s,
+                   "CNPA_LEASE_RETRY_SECONDS": retry_s}
+        res: dict = {"controller": "watch-ha", "n": n, "lease": HA_LEASE, "candidates": 3,
+                     "timings": {"lease_s": float(lease_s), "renew_s": float(renew_s),
+                                 "retry_s": float(retry_s)}}
+        log(f"watch-ha N={n}: start ({timings})")
+        self.start_watch("bench-ha-1", extra_env=timings)
+        for i in (2, 3):
+            self.start_watch(f"bench-ha-{i}", leader=False, extra_env=timings)
+        self.converge("watch-ha", prefix, n, res)
+        rng = random.Random(n)
+        latencies, takeovers = [], []
+        for trial in range(min(self.args.trials, 5)):
+            time.sleep(rng.uniform(0, 2.0))  # a random moment of the leader's renew cycle
+            leader = self.lease_holder()
+            name = f"{prefix}{rng.randrange(n):03d}"
+            path = f"/apis/{GROUP}/{VERSION}/{PLURAL}/{name}"
+            pods = 1 + (self.raw(path)["spec"]["pods"] % 50)
+            t0 = time.monotonic()
+            self.stop_watch(leader, kill=True)
+            self.api.request("PATCH", path, body={"spec": {"pods": pods}},
+                             content_type="application/merge-patch+json")
+
+            def done(path=path, pods=pods) -> bool:
+                ts = self.raw(path)
+                if not self.status_done(ts):
+                    return False
+                q = self.raw(f"/api/v1/namespaces/team-{ts['metadata']['name']}/resourcequotas/team-quota")
+                return q["spec"]["hard"]["pods"] == str(pods)
+            self.wait(done, 120, f"watch-ha trial {trial}: change reconciled", interval=0.1)
+            latencies.append(round(time.monotonic() - t0, 3))
+            takeovers.append({"killed": leader, "new_leader": self.lease_holder()})
+            log(f"watch-ha trial {trial}: {latencies[-1]} s ({takeovers[-1]})")
+            self.start_watch(leader, leader=False, extra_env=timings)
+        res["leader_lost_s"] = latencies
+        res["takeovers"] = takeovers
+        self.stop("watch-ha")
         self.cleanup(prefix)
         return res
 
@@ -425,17 +685,31 @@ class Bench:
             self.setup_host()
             for n in self.args.sizes:
                 for ctl in self.args.controllers:
+                    if n > MAX_N.get(ctl, n):
+                        log(f"{ctl} N={n}: skipped (runs only up to N={MAX_N[ctl]})")
+                        continue
+                    # The machine is shared: the load beside every figure says how noisy it is.
+                    load0 = os.getloadavg()
+                    started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
                     try:
-                        self.results["runs"].append(self.run_one(ctl, n))
-                    except (TimeoutError, ApiException, subprocess.SubprocessError) as exc:
+                        res = self.run_one(ctl, n)
+                    except (TimeoutError, ApiException, ApiError, OSError,
+                            subprocess.SubprocessError) as exc:
                         log(f"{ctl} N={n}: FAILED: {exc}")
-                        self.results["runs"].append({"controller": ctl, "n": n, "error": str(exc)})
+                        res = {"controller": ctl, "n": n, "error": str(exc)}
                         with contextlib.suppress(Exception):
                             self.stop(ctl)
                         self.cleanup(f"{TAGS[ctl]}{n}-")
+                        self.cleanup(f"{TAGS[ctl]}{n}n-")
+                    res["started"] = started
+                    res["load"] = {"before": [round(x, 2) for x in load0],
+                                   "after": [round(x, 2) for x in os.getloadavg()]}
+                    self.results["runs"].append(res)
                     self.save()
         finally:
             self.stop_kopf()
+            for identity in list(self.watch_procs):
+                self.stop_watch(identity)
             if not self.args.keep and self.inst is not None:
                 testhost.destroy(self.args.instance)
         from report import write_report  # bench/report.py
@@ -448,8 +722,8 @@ class Bench:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--sizes", default="1,10,50,200", help="numbers of TeamSpaces")
-    parser.add_argument("--controllers", default="reconcile.sh,naive,kopf")
+    parser.add_argument("--sizes", default="1,10,50,200,1000,5000", help="numbers of TeamSpaces")
+    parser.add_argument("--controllers", default="reconcile.sh,naive,kopf,watch,floor,watch-ha")
     parser.add_argument("--trials", type=int, default=20, help="quota restore trials per run")
     parser.add_argument("--instance", default="bench", help="test host name (created, destroyed)")
     parser.add_argument("--keep", action="store_true", help="keep the test host afterwards")
@@ -457,7 +731,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--reconcile", default=str(ROOT / "reconcile.sh"),
                         help="controller script to measure (default: this repository's)")
     parser.add_argument("--merge", action="store_true",
-                        help="keep bench/results.json's runs of the other controllers")
+                        help="keep bench/results.json's runs of the other controllers and sizes")
+    parser.add_argument("--ha-timings", default="15,10,2",
+                        help="watch-ha: CNPA_LEASE_SECONDS,CNPA_RENEW_SECONDS,CNPA_LEASE_RETRY_SECONDS")
     parser.add_argument("--report-only", action="store_true", help="rewrite docs from results.json")
     args = parser.parse_args(argv)
     args.argv = ["bench/run.py", *(argv if argv is not None else sys.argv[1:])]
@@ -476,7 +752,12 @@ def main(argv: list[str] | None = None) -> int:
     bench = Bench(args)
     if args.merge and (ROOT / "bench/results.json").exists():
         old = json.loads((ROOT / "bench/results.json").read_text())
-        bench.results["runs"] = [r for r in old["runs"] if r["controller"] not in args.controllers]
+        redone = {(c, n) for c in args.controllers for n in args.sizes}
+        timings = dict(zip(("lease_s", "renew_s", "retry_s"),
+                           (float(x) for x in args.ha_timings.split(","))))
+        # HA runs with other Lease timings are other rows: both stay.
+        bench.results["runs"] = [r for r in old["runs"] if (r["controller"], r["n"]) not in redone
+                                 or (r["controller"] == "watch-ha" and r.get("timings") != timings)]
         bench.results["sizes"] = sorted(set(old["sizes"]) | set(args.sizes))
         bench.results["earlier"] = [*old.get("earlier", []),
                                     {k: old.get(k) for k in ("command", "started")}]

@@ -1,0 +1,105 @@
+"""bench/report.py's verdicts on issue 13's targets, on hand-made results: each target is reported
+met or MISSED by how much, from the same figures the tables show."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+
+import report
+
+
+def watch_run(n, *, converge=10.0, restore=(0.05, 0.06, 0.08), ready=(0.07, 0.08, 0.09),
+              idle_cpu=0.2, window=20.0, requests=None):
+    return {"controller": "watch", "n": n, "converge_s": converge, "restore_s": list(restore),
+            "ready_s": list(ready), "load": {"before": [0.5, 0.7, 0.9]},
+            "idle": {"wall_s": None, "cpu_s": idle_cpu * window / 100, "cpu_pct": idle_cpu,
+                     "window_s": window, "writes": 2,
+                     "requests": requests if requests is not None else {"update leases": 2}}}
+
+
+def results(*runs, sizes=(1000,)):
+    return {"sizes": list(sizes), "trials": 3, "runs": list(runs)}
+
+
+def line(lines, start):
+    hits = [x for x in lines if x.startswith(start)]
+    assert len(hits) == 1, lines
+    return hits[0]
+
+
+def test_cpu_pct_of_the_loop_counts_its_sleep_and_of_older_kopf_rows_their_3_s_window():
+    loop = {"idle": {"wall_s": 1.0, "cpu_s": 0.4}}
+    assert report.cpu_pct(loop) == 10.0
+    assert report.cpu_pct({"idle": {"wall_s": None, "cpu_s": 0.03, "note": "3 s"}}) == 1.0
+    assert report.cpu_pct({"idle": {"cpu_pct": 0.25, "cpu_s": 9}}) == 0.25
+    assert report.cpu_pct({"controller": "floor"}) is None
+
+
+def test_all_targets_met():
+    res = results(watch_run(1000, converge=11.0), {"controller": "floor", "n": 1000, "converge_s": 10.0},
+                  {"controller": "kopf", "n": 1000, "converge_s": 12.0, "restore_s": [0.06],
+                   "idle": {"wall_s": None, "cpu_s": 1.0, "cpu_pct": 5.0}},
+                  {"controller": "watch-ha", "n": 1000, "candidates": 3, "leader_lost_s": [12.0, 14.9],
+                   "takeovers": [{"killed": "a", "new_leader": "b"}] * 2})
+    out = report.watch_targets(res)
+    assert "MISSED" not in "\n".join(out)
+    assert "1.10x" in line(out, "- 1000 new TeamSpaces converged within 1.25x")
+    assert "kopf 5.0 %" in line(out, "- Idle at N=1000")
+
+
+def test_misses_say_by_how_much():
+    res = results(watch_run(1000, converge=15.0, restore=(0.2, 0.2, 0.5), idle_cpu=1.5,
+                            requests={"list teamspaces": 1, "update leases": 2}),
+                  {"controller": "floor", "n": 1000, "converge_s": 10.0},
+                  {"controller": "kopf", "n": 1000, "converge_s": 12.0},
+                  {"controller": "watch-ha", "n": 1000, "candidates": 3, "leader_lost_s": [16.5],
+                   "takeovers": [{"killed": "a", "new_leader": "b"}]})
+    out = report.watch_targets(res)
+    idle = line(out, "- Idle at N=1000")
+    assert "MISSED" in idle and "1 lists" in idle and "0.50 points over" in idle
+    restore = line(out, "- Quota restore")
+    assert "p50 over by 0.10 s" in restore and "p95 over by 0.20 s" in restore
+    assert "MISSED by 0.25x" in line(out, "- 1000 new TeamSpaces converged")
+    assert "MISSED by 25%" in line(out, "- ... and no slower than kopf")
+    assert "MISSED by 1.5 s" in line(out, "- Leader lost")
+    assert "met" in line(out, "- New TeamSpace → Ready")
+
+
+def test_a_write_other_than_a_lease_renewal_misses_the_idle_target():
+    res = results(watch_run(200, requests={"update leases": 2, "update teamspaces": 1}), sizes=(200,))
+    assert "MISSED" in line(report.watch_targets(res), "- Idle at N=200")
+
+
+def test_ratios_compare_at_the_same_n_only():
+    res = results(watch_run(200, converge=10.0), watch_run(1000, converge=50.0),
+                  {"controller": "floor", "n": 1000, "converge_s": 40.0},
+                  {"controller": "reconcile.sh", "n": 200, "converge_s": 20.0, "restore_s": [1.5],
+                   "ready_s": [1.4], "idle": {"wall_s": 0.5, "cpu_s": 0.7}},
+                  sizes=(200, 1000))
+    rows = report.watch_ratios(res)[2:]
+    assert rows[0].startswith("| 200 | - | - | 2.0x | - | 25x | - | 18x | - | 100x |"), rows[0]
+    assert rows[1].startswith("| 1000 | 1.2x | - | - |"), rows[1]
+
+
+def test_each_set_of_lease_timings_gets_its_own_leader_lost_verdict():
+    ha = {"controller": "watch-ha", "n": 200, "candidates": 3,
+          "takeovers": [{"killed": "a", "new_leader": "b"}]}
+    res = results(watch_run(200), {**ha, "leader_lost_s": [16.2]},
+                  {**ha, "leader_lost_s": [9.8], "timings": {"lease_s": 8, "renew_s": 5, "retry_s": 1}},
+                  sizes=(200,))
+    out = [x for x in report.watch_targets(res) if x.startswith("- Leader lost")]
+    assert len(out) == 2
+    assert "(Lease 15 s" in out[0] and "MISSED by 1.2 s" in out[0]
+    assert "(Lease 8 s" in out[1] and ": met (" in out[1]
+    assert "| 8 / 5 / 1 | 9.8 |" in "\n".join(report.ha_table(res))
+
+
+def test_rows_measured_under_load_are_flagged_at_the_top():
+    quiet = {**watch_run(200), "load": {"before": [0.4, 0.5, 0.6]}, "started": "2026-12-05 03:00 UTC"}
+    busy = {**watch_run(1000), "load": {"before": [9.7, 10.1, 8.0]}, "started": "2026-12-04 18:33 UTC"}
+    assert report.noisy_line(results(quiet, sizes=(200,))) == []
+    line = report.noisy_line(results(quiet, busy, sizes=(200, 1000)))[0]
+    assert "1 rows (watch)" in line and "2026-12-04" in line and "9.7-9.7" in line
