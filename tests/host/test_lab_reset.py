@@ -7,8 +7,10 @@ each on the state the one before left (four site.yml runs in all, two of them st
 
 - without cnpa_lab_reset, a run on a host where the lab ran stops before changing anything and
   lists exactly what it would remove;
-- with cnpa_lab_reset=true the lab runs again and passes verify, and the foreign records are
-  byte for byte what they were before the first run (checked after both runs);
+- with cnpa_lab_reset=true the lab runs again, this time with the watch controller
+  (cnpa_controller_mode=watch: the lab on one host with either controller, and the switch from
+  one to the other), and passes verify; the foreign records are byte for byte what they were
+  before the first run (checked after both runs);
 - a foreign team-beta (labelled like the lab's but not controlled by a TeamSpace, holding a
   ConfigMap) stops the run with a message naming it, and nothing is changed.
 
@@ -137,14 +139,15 @@ def test_rerun_without_consent_changes_nothing_and_lists_what_it_would_remove(la
     assert json.loads(lab.sh(f"cat {ARCHIVE}/beta.json").stdout)["uid"] == beta_uid
 
 
-def test_rerun_with_consent_resets_only_the_lab_and_passes(lab):
+def test_rerun_with_consent_in_watch_mode_resets_only_the_lab_and_passes(lab):
     old_alpha = lab.obj(TS, "alpha")["metadata"]["uid"]
     old_beta = json.loads(lab.sh(f"cat {BASE}/cleanup.json").stdout)["uid"]
 
-    proc = lab.playbook("site.yml", "-e", "cnpa_lab_reset=true")
+    proc = lab.playbook("site.yml", "-e", "cnpa_lab_reset=true", "-e", "cnpa_controller_mode=watch")
 
     assert proc.returncode == 0, "the re-run with cnpa_lab_reset=true failed:\n" + _tail(proc)
     assert lab.controller_active()
+    assert "cnpa_controller" in lab.sh("systemctl show -p ExecStart --value cnpa-op").stdout
     assert lab.after_first == lab.expected, "the first run changed foreign archive records"
     assert lab.foreign_bytes() == lab.expected, "the re-run changed foreign archive records"
     new_alpha = lab.obj(TS, "alpha")["metadata"]["uid"]
@@ -156,7 +159,7 @@ def test_rerun_with_consent_resets_only_the_lab_and_passes(lab):
     archive = set(lab.sh(f"ls -A {ARCHIVE}").stdout.split())
     assert archive == set(FOREIGN) | {"beta.json"}, f"archive holds {sorted(archive)}"
     assert json.loads(lab.sh(f"cat {ARCHIVE}/beta.json").stdout)["uid"] != old_beta
-    verify = lab.playbook("molecule/default/verify.yml")
+    verify = lab.playbook("molecule/default/verify.yml", "-e", "cnpa_controller_mode=watch")
     assert verify.returncode == 0, "verify failed after the re-run:\n" + _tail(verify)
     assert lab.controller_active()
 
