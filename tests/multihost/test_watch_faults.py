@@ -35,7 +35,6 @@ from mhlib import TS, Workload, holder, host_of, one_writer, unit
 # Every TeamSpace of this module's run (other tests, and earlier runs on reused hosts, may share
 # the hosts): wf<run>-.
 PREFIX = f"wf{int(time.time()) % 46656:x}"
-LEASE_SECONDS = 15  # the controller's default lease (CNPA_LEASE_SECONDS)
 report: dict = {}
 
 
@@ -50,7 +49,10 @@ def rfc3339(t: float) -> str:
 class Cluster:
     def __init__(self, hosts: list[Host], since: str) -> None:
         self.hosts, self.a, self.since = hosts, hosts[0], since
-        self.archive_configmaps = "CNPA_ARCHIVE_NAMESPACE=" in unit(self.a, "Environment")
+        env = unit(self.a, "Environment")
+        self.archive_configmaps = "CNPA_ARCHIVE_NAMESPACE=" in env
+        # The installed lease duration (the role's cnpa_controller_lease_seconds).
+        self.lease_seconds = int(env.split("CNPA_LEASE_SECONDS=", 1)[1].split()[0])
         self.workloads: list[Workload] = []
         self.probes = 0
 
@@ -146,8 +148,7 @@ def cluster(hosts, inventory):
     # this playbook ran already.
     if os.environ.get("CNPA_MULTIHOST_INSTALLED") != "1":
         proc = subprocess.run([str(ROOT / ".venv/bin/ansible-playbook"), "-i", str(inventory),
-                               str(ROOT / "playbooks/controller.yml"),
-                               "-e", "cnpa_controller_archive_configmaps=true"],
+                               str(ROOT / "playbooks/controller.yml")],
                               cwd=ROOT, env=env, capture_output=True, text=True, timeout=900,
                               check=False)
         assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
@@ -270,7 +271,7 @@ def test_leader_host_frozen(cluster):
                      what=f"a takeover from the frozen {ident}")
             reconciled = c.wait_probe(name, pods, t_fault)
             # Frozen for longer than the lease, whatever the takeover took.
-            time.sleep(max(0.0, t_fault + LEASE_SECONDS + 3 - time.time()))
+            time.sleep(max(0.0, t_fault + c.lease_seconds + 3 - time.time()))
         finally:
             mhlib.freeze(leader.inst, False)
         frozen = time.time() - t_fault
@@ -322,3 +323,4 @@ def test_leader_host_powered_off(cluster):
         "takeover_s": round(takeover, 1), "change_reconciled_s": round(reconciled, 1),
         "boot_to_api_s": round(booted, 1)}
     print(report["leader_host_powered_off"])
+
