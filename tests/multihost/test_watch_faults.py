@@ -16,6 +16,7 @@ After each fault, bounded waits, then:
 Takeover and reconcile times are printed and written to $CNPA_MULTIHOST_REPORT (default
 /tmp/cnpa-multihost-report.json), never asserted: only bounds that stop a hang are.
 Faults of the leader's host (freeze, power off) need the leader on B or C: A holds the API server.
+Last, playbooks/uninstall.yml on the three hosts, on the state the faults left.
 """
 
 from __future__ import annotations
@@ -324,3 +325,31 @@ def test_leader_host_powered_off(cluster):
         "boot_to_api_s": round(booted, 1)}
     print(report["leader_host_powered_off"])
 
+
+def test_uninstall_on_three_hosts(cluster, inventory):
+    """Last, on the state the faults left: playbooks/uninstall.yml on the three hosts. The first
+    host stops every host's controller, then archives and deletes every TeamSpace once (each
+    live uid has exactly one record, on one host); every host's unit goes, and the CRD."""
+    c = cluster
+    live = {o["metadata"]["uid"]: o["metadata"]["name"] for o in c.a.get(TS)["items"]}
+    assert live, "no TeamSpace left to uninstall"
+    env = dict(os.environ, PATH=f"{ROOT / '.venv/bin'}:/usr/bin:/bin", ANSIBLE_FORCE_COLOR="0")
+    proc = subprocess.run([str(ROOT / ".venv/bin/ansible-playbook"), "-i", str(inventory),
+                           str(ROOT / "playbooks/uninstall.yml"),
+                           "-e", "cnpa_controller_delete_teamspaces=true"],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=1200, check=False)
+    assert proc.returncode == 0, proc.stdout[-5000:] + proc.stderr[-2000:]
+    assert not c.a.exists("crd", TS), "the CRD is still there"
+    records: dict[str, list[str]] = {}
+    for h in c.hosts:
+        assert h.sh("test -e /etc/systemd/system/cnpa-op.service", check=False).returncode != 0, \
+            f"cnpa-op.service is still on {h.inst.name}"
+        uids = json.loads(h.sh(
+            "python3 -c 'import glob, json; print(json.dumps([json.load(open(f)).get(\"uid\") "
+            f"for f in glob.glob(\"{mhlib.ARCHIVE_DIR}/*.json\")]))'").stdout)
+        for uid in uids:
+            records.setdefault(uid, []).append(h.inst.name)
+    wrong = {f"{name} {uid}": records.get(uid, []) for uid, name in live.items()
+             if len(records.get(uid, [])) != 1}
+    assert not wrong, f"TeamSpaces not archived exactly once (name uid: hosts with a record): {wrong}"
+    print(f"\nuninstall on three hosts: {len(live)} TeamSpaces archived and deleted")
