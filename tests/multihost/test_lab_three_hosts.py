@@ -1,7 +1,8 @@
 """The lab on a three-host inventory (issue 13): site.yml over real SSH on the `inventory` hosts.
 
 Runs before test_watch_faults.py on the same hosts (file order), on a fresh cluster. site.yml
-does the cluster work and writes the evidence once, from the first host; reconcile.sh and
+(steps 1-5, then the lead moved to another host, then steps 6-8) does the cluster work and
+writes the evidence once, from the first host; reconcile.sh and
 cnpa-op.service go on every host, in watch mode (the default on several hosts: one leads, over
 the Lease); step 4 starts and step 7 stops and starts the controller on every host; step 6 keeps
 beta's archive record on the first host beside the evidence, whichever host archived it. Then:
@@ -27,6 +28,7 @@ EVIDENCE = ("before.json", "generation.json", "reconcile.json", "drift.json", "c
             "catchup.json", "report.json", "archive/beta.json")
 LOGS = ROOT / ".cache" / "test-logs"
 runs = 0
+step6: dict[str, Host] = {}  # the host whose controller led during step 6
 
 
 def playbook(inventory, *args: str, timeout: float = 2400) -> subprocess.CompletedProcess:
@@ -50,14 +52,31 @@ def has(host: Host, path: str) -> bool:
     return host.sh(f"test -e {path}", check=False).returncode == 0
 
 
+def held_elsewhere_than(host: Host) -> str:
+    """The Lease's holder when it is another host's controller, else ""."""
+    ident = holder(host)
+    return "" if not ident or ident.startswith(f"{host.inst.name}_") else ident
+
+
 def active_everywhere(hosts: list[Host]) -> bool:
     return all(unit(h, "ActiveState") == "active" for h in hosts)
 
 
 @pytest.fixture(scope="module")
 def lab(hosts, inventory):
-    proc = playbook(inventory, "site.yml")
-    assert proc.returncode == 0, "site.yml on three hosts failed:\n" + tail(proc)
+    """site.yml in two parts, steps 1-5 and then 6-8, by their tags. Between the parts the lead
+    moves off the first host (its controller stopped until another host holds the Lease, then
+    started again), so that step 6's beta is archived on another host than the evidence's."""
+    a = hosts[0]
+    proc = playbook(inventory, "site.yml", "--tags", "step1,step2,step3,step4,step5")
+    assert proc.returncode == 0, "steps 1-5 on three hosts failed:\n" + tail(proc)
+    a.sh("systemctl stop cnpa-op")  # a clean stop releases the Lease
+    ident = wait_for(lambda: held_elsewhere_than(a), timeout=60, interval=0.5,
+                     what="another host taking the Lease")
+    a.sh("systemctl start cnpa-op")
+    step6["leader"] = host_of(ident, hosts)
+    proc = playbook(inventory, "site.yml", "--tags", "step6,step7,step8")
+    assert proc.returncode == 0, "steps 6-8 on three hosts failed:\n" + tail(proc)
     return hosts
 
 
@@ -72,6 +91,10 @@ def test_the_lab_passes_with_the_evidence_on_the_first_host_and_a_controller_on_
     report = json.loads(a.sh(f"cat {BASE}/report.json").stdout)
     beta = json.loads(a.sh(f"cat {BASE}/archive/beta.json").stdout)
     assert beta["uid"] == report["archived"] == json.loads(a.sh(f"cat {BASE}/cleanup.json").stdout)["uid"]
+    # Archived by the leader of step 6, another host: the first host holds step 6's copy.
+    by = step6["leader"]
+    assert by is not a
+    assert json.loads(by.sh(f"cat {BASE}/archive/beta.json").stdout) == beta, f"{by.inst.name}: another beta"
     for h in lab:
         assert unit(h, "ActiveState") == "active", f"cnpa-op is not running on {h.inst.name}"
         assert "cnpa_controller" in unit(h, "ExecStart"), f"{h.inst.name} does not run the watch controller"
