@@ -200,9 +200,21 @@ class Bench:
         self.core = kubernetes.client.CoreV1Api(api)
         self.api = Api(api, timeout=30)  # plain-dict requests (the watch controller's client)
         self.custom = kubernetes.client.CustomObjectsApi(api)
+        # A TeamSpace list right after the API server's restart and the CRD's creation can get
+        # 429 "storage is (re)initializing" (seen on a quiet machine): wait until one answers.
+        self.wait(self.teamspace_storage_ready, 60, "the TeamSpace storage ready")
         # a reused host may hold a previous run's controllers and objects: start from nothing
         self.sh("systemctl stop cnpa-op cnpa-naive", check=False)
         self.cleanup("")
+
+    def teamspace_storage_ready(self) -> bool:
+        try:
+            self.raw(f"/apis/{GROUP}/{VERSION}/{PLURAL}", {"limit": "1"})
+        except ApiError as exc:
+            if exc.status == 429:
+                return False
+            raise
+        return True
 
     def unit(self, script: str) -> str:
         """cnpa-op.service exactly as roles/cnpa_controller renders it (role defaults)."""
