@@ -20,7 +20,7 @@ New with this controller:
                               (default: off; with several controller hosts, a record then
                               outlives the host that wrote it)
   CNPA_RESYNC_SECONDS         every TeamSpace is re-checked this often, from the cache (default 300)
-  CNPA_WORKERS                TeamSpaces reconciled at the same time (default 4, 1-64)
+  CNPA_WORKERS                TeamSpaces reconciled at the same time (default 32, 1-64)
   CNPA_RETRY_MAX_SECONDS      cap of a failed TeamSpace's retry backoff (default 30; the backoff
                               starts at 0.5 s and doubles)
   CNPA_WATCH_TIMEOUT_SECONDS  server-side timeout of a watch before it is resumed (default 300,
@@ -115,7 +115,7 @@ def read_config(env: dict) -> dict:
                            if env.get("CNPA_ARCHIVE_NAMESPACE") else ""),
         request_timeout=duration("CNPA_REQUEST_TIMEOUT", env.get("CNPA_REQUEST_TIMEOUT") or "10s"),
         resync_seconds=number(env, "CNPA_RESYNC_SECONDS", 300, 1, 86400),
-        workers=int(number(env, "CNPA_WORKERS", 4, 1, 64, integer=True)),
+        workers=int(number(env, "CNPA_WORKERS", 32, 1, 64, integer=True)),
         retry_max_seconds=number(env, "CNPA_RETRY_MAX_SECONDS", 30, 0.5, 3600),
         watch_timeout_seconds=int(number(env, "CNPA_WATCH_TIMEOUT_SECONDS", 300, 10, 3600,
                                          integer=True)),

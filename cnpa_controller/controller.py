@@ -48,7 +48,7 @@ class Settings:
     # The executor's writes time out sooner with leader election (see __main__): 0, request_timeout.
     write_timeout: float = 0.0
     resync_seconds: float = 300.0
-    workers: int = 4
+    workers: int = 32
     retry_max_seconds: float = 30.0
     watch_timeout_seconds: int = 300
     list_page_size: int = 500
