@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+RESYNC = 300.0  # s, the watch controller's default resync period (bench/run.py's RESYNC_SECONDS)
 CTLS = ("reconcile.sh", "naive", "kopf", "watch", "floor")
 OURS = ("reconcile.sh",)  # the controller issue 5's targets are about
 COLORS = {"reconcile.sh": "tab:blue", "naive": "tab:red", "kopf": "tab:green", "watch": "tab:purple",
@@ -205,10 +206,18 @@ def watch_targets(results: dict) -> list[str]:
     c = cpu_pct(big)
     kp = by.get(("kopf", big["n"]), {})
     ok = lists == 0 and not other and c < 1
+    quiet = idle.get("quiet")
+    rs_ = idle.get("resync")
     out.append(f"- Idle at N={big['n']} (target at 5,000): no lists between resyncs, no writes but "
                f"Lease renewals, CPU under 1 % of a core: {'met' if ok else 'MISSED'} ({lists} lists, "
                f"{verbs(idle['requests'])} in {idle.get('window_s', '?')} s; CPU {c:.2f} %"
-               f"{'' if c < 1 else f', {c - 1:.2f} points over'}; kopf {fmt(cpu_pct(kp), 1)} %).")
+               f"{'' if c < 1 else f', {c - 1:.2f} points over'}; kopf {fmt(cpu_pct(kp), 1)} %)"
+               + (f"; the window started once the cluster was quiet, {quiet['waited_s']} s after the "
+                  f"trials" if quiet else "; measured while the cluster still wrote (before 2026-12-05)")
+               + (f". A window of {rs_['window_s']:.0f} s holding a resync: {rs_['cpu_s']:.2f} CPU s "
+                  f"({verbs(rs_['requests'])}); over a whole {RESYNC:.0f} s period that averages "
+                  f"{100 * (c / 100 * (RESYNC - rs_['window_s']) + rs_['cpu_s']) / RESYNC:.2f} %"
+                  if rs_ else "") + ".")
     for key, what in (("restore_s", "Quota restore"), ("ready_s", "New TeamSpace → Ready")):
         have = [r for r in rs if r.get(key)]
         if not have:
@@ -426,13 +435,14 @@ def write_report(results: dict, docs: Path, command: str) -> None:
         "  run on the machine against the host's API server;",
         "- **watch**: `python3 -m cnpa_controller` (issue 13: watch-fed caches, a work queue, the same",
         "  plan as reconcile.sh), run like kopf on the machine against the host's API server, with",
-        "  leader election on (one candidate) and the defaults of the installed unit (resync 300 s,",
-        "  4 workers); its requests are told apart in the audit log by its user agent",
+        "  leader election on (one candidate) and the controller's own defaults (resync 300 s,",
+        "  32 workers since 2026-12-05, 4 before; the unit's are the same); its requests are told",
+        "  apart in the audit log by its user agent",
         "  `cnpa-controller/IDENTITY`;",
         "- **floor** (not a controller): the same TeamSpace creates, and for each the writes",
         "  `cnpa_plan.plan()` gives for it as created (finalizer, namespace, quota, status), sent as",
         "  the watch controller's executor sends them by one client as soon as each TeamSpace exists:",
-        "  no list, watch, cache or decision, 8 requests in flight (as the creating client). No",
+        "  no list, watch, cache or decision, 32 TeamSpaces in flight (`FLOOR_IN_FLIGHT`). No",
         "  controller can converge faster on this host; what bounds it is in the server table below.",
         "- **watch-ha**: three watch controllers (distinct `CNPA_LEASE_IDENTITY`, one Lease, default",
         "  timings: lease 15 s, renew 10 s, retry 2 s); the leader is SIGKILLed and one TeamSpace's",
@@ -468,7 +478,14 @@ def write_report(results: dict, docs: Path, command: str) -> None:
         "  a TeamSpace's pass, after its namespace and quota). Not run for naive.",
         "- **idle CPU % of a core**: the loop: a pass's CPU over (pass wall + 3 s sleep); kopf and",
         "  watch: their process's CPU (from /proc) over an idle window (20 s since issue 13, 3 s",
-        "  before), whose requests the idle columns show by verb and resource.",
+        "  before), whose requests the idle columns show by verb and resource. Since 2026-12-05 the",
+        "  window starts once nobody but Lease holders has written for 10 s: after N new namespaces",
+        "  the controller-manager's service-account, root-CA and quota controllers write into each",
+        "  at 20 requests/s apiece (minutes at N = 5,000), and each quota status write is an event",
+        "  both peers receive. For the watch controller the window holds no resync; from N = 1,000",
+        "  a second window of the same length around a resync gives its cost.",
+        "- **rows from N = 1,000 on** start on a new test host since 2026-12-05 (before: on the one",
+        "  host, after the previous row's namespaces were deleted).",
         "- **work pass**: the service stopped, every TeamSpace's `spec.pods` changed, one pass by hand.",
         "",
         "## Results",

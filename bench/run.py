@@ -63,6 +63,7 @@ from kubernetes.client.rest import ApiException  # noqa: E402
 
 import cnpa_plan  # noqa: E402
 from cnpa_controller import Api, ApiError  # noqa: E402
+from cnpa_controller.controller import Settings  # noqa: E402
 from cnpa_controller.executor import request_of  # noqa: E402
 from testhost import instance as testhost  # noqa: E402
 
@@ -80,6 +81,16 @@ TAGS = {"reconcile.sh": "r", "naive": "n", "kopf": "k", "watch": "w", "floor": "
         "watch-ha": "h"}  # TeamSpace name prefixes
 EVENT_DRIVEN = ("kopf", "watch")  # processes on this machine: no passes, an idle window instead
 IDLE_WINDOW = 20.0  # s; far shorter than the watch controller's resync (300 s): "between resyncs"
+# Idle means the cluster too: after N new namespaces the controller-manager's service-account,
+# root-CA and quota controllers write into each at 20 requests/s apiece (about 250 s at N = 5,000),
+# and every quota status write is an event the controllers under test receive. The idle window
+# starts once nobody but Lease holders has written for QUIET_FOR seconds (at most QUIET_BOUND).
+QUIET_FOR, QUIET_BOUND = 10.0, 900.0
+RESYNC_SECONDS = Settings.resync_seconds  # the watch controller's default, as installed
+# From this N on, every row starts on a new test host instead of deleting the previous row's
+# namespaces: the namespace controller takes tens of minutes for 5,000, and what it has not
+# finished would load the next row.
+FRESH_HOST_FROM = 1000
 WATCH_AGENT = "cnpa-controller/"  # its user agent (cnpa-controller/IDENTITY), as the audit shows
 HA_LEASE = "cnpa-op-bench"
 # The naive baseline takes minutes per pass at N = 200 (hours to converge 1,000). The 3 s loop fits
@@ -140,6 +151,9 @@ class Bench:
         self.inst: testhost.Instance | None = None
         self.kopf_proc: subprocess.Popen | None = None
         self.watch_procs: dict[str, subprocess.Popen] = {}  # identity -> process
+        self.watch_synced: dict[str, float] = {}  # identity -> monotonic time its caches synced
+        self.host_used = False  # a row has run on this host
+        self.throwaway = False  # this row's host is replaced after it: no cleanup
         self.results: dict = {"sizes": args.sizes, "trials": args.trials, "runs": []}
 
     # -- host --------------------------------------------------------------------------------
@@ -427,6 +441,10 @@ class Bench:
         news = "became the leader" if leader else "caches synced"
         self.wait(lambda: news in err.read_text() or proc.poll() is not None, 90,
                   f"watch controller {identity}: {news}")
+        # Its resync timer starts when its caches have synced (at once: no TeamSpace yet).
+        self.wait(lambda: "caches synced" in err.read_text() or proc.poll() is not None, 90,
+                  f"watch controller {identity}: caches synced")
+        self.watch_synced[identity] = time.monotonic()
         if proc.poll() is not None:
             raise subprocess.SubprocessError(f"watch controller {identity} exited: {err.read_text()}")
 
@@ -521,6 +539,8 @@ class Bench:
     def cleanup(self, prefix: str) -> None:
         """Remove the run's TeamSpaces without a controller (strip finalizers) and wait for the
         garbage collector to remove their namespaces, so the next run starts from nothing."""
+        if self.throwaway:  # the next row starts on a new host (FRESH_HOST_FROM)
+            return
         for t in self.teamspaces(prefix):
             name = t["metadata"]["name"]
             with contextlib.suppress(ApiException):
@@ -550,9 +570,42 @@ class Bench:
         res["converge_server_cpu_s"] = {k: round(cpu1[k] - cpu0.get(k, 0), 2) for k in cpu1}
         res["converge_writes_by_user"] = self.writes_by_user(off)
 
-    def idle_window(self, ctl: str) -> dict:
-        """An event-driven peer with nothing to do: its requests and CPU over IDLE_WINDOW."""
-        pid = self.peer_pid(ctl)
+    def wait_quiet(self) -> dict:
+        """Until nobody but Lease holders has written for QUIET_FOR s (bounded by QUIET_BOUND):
+        how long that took and who wrote meanwhile (the audit log records every user's writes)."""
+        assert self.inst is not None
+        path = self.inst.root / "var/log/kubernetes/audit.log"
+        t0 = time.monotonic()
+        off, quiet_since, writes = self.audit_offset(), t0, {}
+        for _ in range(int(QUIET_BOUND) + 1):
+            if time.monotonic() - quiet_since >= QUIET_FOR:
+                return {"waited_s": round(quiet_since - t0, 1), "writes_meanwhile": writes}
+            time.sleep(1)
+            with open(path, "rb") as fh:
+                fh.seek(off)
+                data = fh.read()
+            data = data[:data.rfind(b"\n") + 1]  # whole lines; the rest is read next time
+            off += len(data)
+            for line in data.splitlines():
+                with contextlib.suppress(ValueError):
+                    ev = json.loads(line)
+                    if (ev.get("verb") in WRITE_VERBS and ev.get("stage") != "ResponseStarted"
+                            and (ev.get("objectRef") or {}).get("resource") != "leases"):
+                        user = ev.get("user", {}).get("username", "?")
+                        writes[user] = writes.get(user, 0) + 1
+                        quiet_since = time.monotonic()
+            if time.monotonic() - t0 > QUIET_BOUND:
+                break
+        raise TimeoutError(f"the cluster still writing after {QUIET_BOUND:.0f} s: {writes}")
+
+    def next_resync(self) -> float:
+        """Monotonic time of the watch controller's next resync (every RESYNC_SECONDS from the
+        moment its caches synced)."""
+        synced = next(iter(self.watch_synced.values()))
+        return synced + RESYNC_SECONDS * (1 + int((time.monotonic() - synced) // RESYNC_SECONDS))
+
+    def window(self, ctl: str, pid: int) -> dict:
+        """The peer's requests and CPU over IDLE_WINDOW from now."""
         cpu0, _ = self.usage(pid)
         off = self.audit_offset()
         time.sleep(IDLE_WINDOW)
@@ -560,8 +613,25 @@ class Bench:
         reqs = self.audit_since(off, "kopf" if ctl == "kopf" else WATCH_AGENT, by_resource=True)
         return {"wall_s": None, "cpu_s": round(cpu1 - cpu0, 4), "maxrss_mib": round(rss, 1),
                 "cpu_pct": round(100 * (cpu1 - cpu0) / IDLE_WINDOW, 2), "window_s": IDLE_WINDOW,
-                "requests": reqs, "writes": sum(v for k, v in reqs.items() if k.split()[0] in WRITE_VERBS),
-                "note": f"requests and CPU over a {IDLE_WINDOW:.0f} s idle window"}
+                "requests": reqs, "writes": sum(v for k, v in reqs.items() if k.split()[0] in WRITE_VERBS)}
+
+    def idle_window(self, ctl: str, n: int) -> dict:
+        """An event-driven peer with nothing to do, once the cluster is quiet: its requests and
+        CPU over IDLE_WINDOW, between two of the watch controller's resyncs. For the watch
+        controller from N = FRESH_HOST_FROM on, a second window holding a resync says what one
+        costs (every TeamSpace planned again from the cache)."""
+        pid = self.peer_pid(ctl)
+        quiet = self.wait_quiet()
+        log(f"{ctl} N={n}: cluster quiet after {quiet['waited_s']} s more ({quiet['writes_meanwhile']})")
+        if ctl == "watch" and self.next_resync() < time.monotonic() + IDLE_WINDOW + 2:
+            time.sleep(max(0.0, self.next_resync() - time.monotonic()) + 10)  # let it pass first
+        res = {**self.window(ctl, pid), "quiet": quiet,
+               "note": f"requests and CPU over a {IDLE_WINDOW:.0f} s idle window"}
+        if ctl == "watch" and n >= FRESH_HOST_FROM:
+            time.sleep(max(0.0, self.next_resync() - 2 - time.monotonic()))
+            res["resync"] = self.window(ctl, pid)
+            log(f"{ctl} N={n}: a window with a resync: {res['resync']}")
+        return res
 
     def run_one(self, ctl: str, n: int) -> dict:
         if ctl == "floor":
@@ -585,7 +655,7 @@ class Bench:
         if ctl != "naive":  # one naive pass at N = 200 takes minutes: no trials would fit
             res["ready_s"] = self.ready_trials(ctl, f"{tag}{n}n-", budget, 300)
         if ctl in EVENT_DRIVEN:
-            res["idle"] = self.idle_window(ctl)
+            res["idle"] = self.idle_window(ctl, n)
             self.stop(ctl)
         else:
             self.stop(ctl)
@@ -700,6 +770,13 @@ class Bench:
                     if n > MAX_N.get(ctl, n):
                         log(f"{ctl} N={n}: skipped (runs only up to N={MAX_N[ctl]})")
                         continue
+                    self.throwaway = n >= FRESH_HOST_FROM
+                    if self.throwaway and self.host_used:
+                        log(f"{ctl} N={n}: on a new test host")
+                        testhost.destroy(self.args.instance)
+                        self.inst = testhost.create(self.args.instance, wait=True)
+                        self.setup_host()
+                    self.host_used = True
                     # The machine is shared: the load beside every figure says how noisy it is.
                     load0 = os.getloadavg()
                     started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
