@@ -29,6 +29,8 @@ EVIDENCE = ("before.json", "generation.json", "reconcile.json", "drift.json", "c
 LOGS = ROOT / ".cache" / "test-logs"
 runs = 0
 step6: dict[str, Host] = {}  # the host whose controller led during step 6
+# The record of an earlier beta the lab did not make, left on the first host before step 6.
+FOREIGN = {"teamspace": "beta", "uid": "0f0f0f0f-0000-4000-8000-00000000beta", "spec": {"pods": 1}}
 
 
 def playbook(inventory, *args: str, timeout: float = 2400) -> subprocess.CompletedProcess:
@@ -66,7 +68,8 @@ def active_everywhere(hosts: list[Host]) -> bool:
 def lab(hosts, inventory):
     """site.yml in two parts, steps 1-5 and then 6-8, by their tags. Between the parts the lead
     moves off the first host (its controller stopped until another host holds the Lease, then
-    started again), so that step 6's beta is archived on another host than the evidence's."""
+    started again), so that step 6's beta is archived on another host than the evidence's. A
+    record of another beta waits on the first host where step 6 keeps the lab's copy."""
     a = hosts[0]
     proc = playbook(inventory, "site.yml", "--tags", "step1,step2,step3,step4,step5")
     assert proc.returncode == 0, "steps 1-5 on three hosts failed:\n" + tail(proc)
@@ -75,6 +78,7 @@ def lab(hosts, inventory):
                      what="another host taking the Lease")
     a.sh("systemctl start cnpa-op")
     step6["leader"] = host_of(ident, hosts)
+    a.sh(f"cat > {BASE}/archive/beta.json", input_text=json.dumps(FOREIGN))
     proc = playbook(inventory, "site.yml", "--tags", "step6,step7,step8")
     assert proc.returncode == 0, "steps 6-8 on three hosts failed:\n" + tail(proc)
     return hosts
@@ -95,6 +99,9 @@ def test_the_lab_passes_with_the_evidence_on_the_first_host_and_a_controller_on_
     by = step6["leader"]
     assert by is not a
     assert json.loads(by.sh(f"cat {BASE}/archive/beta.json").stdout) == beta, f"{by.inst.name}: another beta"
+    # The earlier beta's record that was there is kept beside it, as the controllers keep one.
+    kept = f"{BASE}/archive/beta.{FOREIGN['uid']}.json"
+    assert json.loads(a.sh(f"cat {kept}").stdout) == FOREIGN, "the other beta's record was not kept"
     for h in lab:
         assert unit(h, "ActiveState") == "active", f"cnpa-op is not running on {h.inst.name}"
         assert "cnpa_controller" in unit(h, "ExecStart"), f"{h.inst.name} does not run the watch controller"
