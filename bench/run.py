@@ -276,17 +276,23 @@ class Bench:
         assert self.inst is not None
         return (self.inst.root / "var/log/kubernetes/audit.log").stat().st_size
 
-    def audit_lines(self, offset: int) -> list[dict]:
+    def audit_read(self, offset: int) -> tuple[list[dict], int]:
+        """The audit log's whole lines from offset (watches' ResponseStarted lines left out), and
+        the offset after them: a line still being written is read next time."""
         assert self.inst is not None
-        time.sleep(0.5)  # let the API server flush the last lines
         with open(self.inst.root / "var/log/kubernetes/audit.log", "rb") as fh:
             fh.seek(offset)
-            lines = fh.read().splitlines()
+            data = fh.read()
+        data = data[:data.rfind(b"\n") + 1]
         out = []
-        for line in lines:
+        for line in data.splitlines():
             with contextlib.suppress(ValueError):
                 out.append(json.loads(line))
-        return [ev for ev in out if ev.get("stage") != "ResponseStarted"]
+        return [ev for ev in out if ev.get("stage") != "ResponseStarted"], offset + len(data)
+
+    def audit_lines(self, offset: int) -> list[dict]:
+        time.sleep(0.5)  # let the API server flush the last lines
+        return self.audit_read(offset)[0]
 
     def writes_by_user(self, offset: int) -> dict:
         """Writes since offset by user: who else wrote while N TeamSpaces converged (the
@@ -573,27 +579,18 @@ class Bench:
     def wait_quiet(self) -> dict:
         """Until nobody but Lease holders has written for QUIET_FOR s (bounded by QUIET_BOUND):
         how long that took and who wrote meanwhile (the audit log records every user's writes)."""
-        assert self.inst is not None
-        path = self.inst.root / "var/log/kubernetes/audit.log"
         t0 = time.monotonic()
         off, quiet_since, writes = self.audit_offset(), t0, {}
         for _ in range(int(QUIET_BOUND) + 1):
             if time.monotonic() - quiet_since >= QUIET_FOR:
                 return {"waited_s": round(quiet_since - t0, 1), "writes_meanwhile": writes}
             time.sleep(1)
-            with open(path, "rb") as fh:
-                fh.seek(off)
-                data = fh.read()
-            data = data[:data.rfind(b"\n") + 1]  # whole lines; the rest is read next time
-            off += len(data)
-            for line in data.splitlines():
-                with contextlib.suppress(ValueError):
-                    ev = json.loads(line)
-                    if (ev.get("verb") in WRITE_VERBS and ev.get("stage") != "ResponseStarted"
-                            and (ev.get("objectRef") or {}).get("resource") != "leases"):
-                        user = ev.get("user", {}).get("username", "?")
-                        writes[user] = writes.get(user, 0) + 1
-                        quiet_since = time.monotonic()
+            events, off = self.audit_read(off)
+            for ev in events:
+                if ev.get("verb") in WRITE_VERBS and (ev.get("objectRef") or {}).get("resource") != "leases":
+                    user = ev.get("user", {}).get("username", "?")
+                    writes[user] = writes.get(user, 0) + 1
+                    quiet_since = time.monotonic()
             if time.monotonic() - t0 > QUIET_BOUND:
                 break
         raise TimeoutError(f"the cluster still writing after {QUIET_BOUND:.0f} s: {writes}")
