@@ -7,7 +7,10 @@ The semantics of client-go's rate-limited work queue, which every Kubernetes con
   is queued again and processed after the current pass is done (nothing is lost);
 - a name whose pass failed is queued again after a delay that doubles with each failure in a row,
   up to a cap (a broken object does not spin a worker, and still gets retried); a pass that
-  succeeds forgets its failures.
+  succeeds forgets its failures;
+- a name waits for at most one delayed add: a later add_after keeps the earlier of the two times
+  (client-go's delaying queue). Otherwise every event or resync of a name that keeps failing
+  would start one more timer chain, and their number would grow with uptime.
 """
 
 from __future__ import annotations
@@ -30,6 +33,9 @@ class WorkQueue:
         self._dirty: set[str] = set()       # queued and not yet taken by a worker
         self._processing: set[str] = set()  # taken by a worker, not yet done
         self._later: list[tuple[float, int, str]] = []  # (due, sequence, name), a heap
+        # name -> when it is due: the one delayed add that counts (heap entries that disagree
+        # were superseded by an earlier time and are skipped when they come up).
+        self._waiting: dict[str, float] = {}
         self._sequence = 0
         self._failures: dict[str, int] = {}
         self._shutdown = False
@@ -53,8 +59,12 @@ class WorkQueue:
             if delay <= 0:
                 self._add(name)
                 return
+            due = self._clock() + delay
+            if self._waiting.get(name, float("inf")) <= due:
+                return
+            self._waiting[name] = due
             self._sequence += 1
-            heapq.heappush(self._later, (self._clock() + delay, self._sequence, name))
+            heapq.heappush(self._later, (due, self._sequence, name))
             self._cond.notify()
 
     def retry(self, name: str) -> float:
@@ -78,7 +88,10 @@ class WorkQueue:
         """Move the delayed names that are due into the queue; the seconds until the next one."""
         now = self._clock()
         while self._later and self._later[0][0] <= now:
-            self._add(heapq.heappop(self._later)[2])
+            due, _, name = heapq.heappop(self._later)
+            if self._waiting.get(name) == due:
+                del self._waiting[name]
+                self._add(name)
         return self._later[0][0] - now if self._later else None
 
     def get(self, timeout: float | None = None) -> str | None:
@@ -120,5 +133,6 @@ class WorkQueue:
             return len(self._queue)
 
     def delayed(self) -> int:
+        """Names waiting for a delayed add (at most one timer each)."""
         with self._cond:
-            return len(self._later)
+            return len(self._waiting)

@@ -119,3 +119,44 @@ def test_many_workers_never_hold_the_same_name_at_once():
         t.join(30)
     assert not clashes
     assert len(done) >= 5
+
+
+def test_a_name_waits_for_one_delayed_add_at_the_earliest_time_asked():
+    clock = Clock()
+    q = WorkQueue(clock=clock)
+    q.add_after("a", 10)
+    q.add_after("a", 30)  # later: the waiting one stands
+    q.add_after("a", 5)   # earlier: replaces it
+    assert q.delayed() == 1
+    clock.now += 5
+    assert drain(q) == ["a"]
+    assert q.delayed() == 0
+    clock.now += 30  # neither superseded time brings it back
+    assert drain(q) == []
+
+
+def test_a_teamspace_failing_for_hours_has_at_most_one_timer():
+    """Six hours of simulated time of a name whose every pass fails, as the controller drives the
+    queue: each pass that fails retries with backoff, each resync (300 s) and each watch event
+    (here every 7 s: quota status churn, or a follower's plan that is never empty) adds it again."""
+    clock = Clock()
+    q = WorkQueue(retry_base=0.5, retry_cap=30.0, clock=clock)
+    passes = most_waiting = 0
+    t_end = clock.now + 6 * 3600
+    next_event, next_resync = clock.now, clock.now + 300
+    while clock.now < t_end:
+        if clock.now >= next_event:
+            q.add("team-x")
+            next_event += 7
+        if clock.now >= next_resync:
+            q.add("team-x")
+            next_resync += 300
+        while (name := q.get(timeout=0)) is not None:
+            passes += 1
+            q.retry(name)  # the pass failed
+            q.done(name)
+        most_waiting = max(most_waiting, q.delayed(), len(q._later))
+        clock.now += 0.25
+    assert most_waiting == 1
+    # Bounded work: one pass per event and resync, plus the one retry chain at the cap.
+    assert passes <= 6 * 3600 * (1 / 7 + 1 / 300 + 1 / 30) + 10
