@@ -15,6 +15,9 @@ query parameters in 35), and decoding thousands of objects into models is slow.
 from __future__ import annotations
 
 import json
+import os
+import threading
+import time
 from typing import Any
 from urllib.parse import quote, urlencode
 
@@ -66,6 +69,69 @@ def path_of(obj: dict, *, collection: bool = False, subresource: str = "") -> st
     return path
 
 
+def token_file_of(kubeconfig: str) -> str:
+    """The tokenFile named by the current context's user of a kubeconfig ("" if none), as an
+    absolute path (a relative one is relative to the kubeconfig's directory, as kubectl reads it)."""
+    import yaml  # the kubernetes client's own dependency
+
+    with open(kubeconfig, encoding="utf-8") as fh:
+        doc = yaml.safe_load(fh) or {}
+    context = next((c.get("context") or {} for c in doc.get("contexts") or []
+                    if c.get("name") == doc.get("current-context")), {})
+    user = next((u.get("user") or {} for u in doc.get("users") or []
+                 if u.get("name") == context.get("user")), {})
+    path = user.get("tokenFile") or ""
+    return os.path.join(os.path.dirname(os.path.abspath(kubeconfig)), path) if path else ""
+
+
+class TokenFile:
+    """Keeps a client configuration's bearer token equal to the contents of a token file.
+
+    The `kubernetes` client reads a kubeconfig's tokenFile once, when the kubeconfig is loaded
+    (its refresh hook reloads only exec and auth-provider credentials), but the role's token unit
+    rewrites the file before the token expires: a long-running process must read it again. Used
+    as the configuration's refresh_api_key_hook, which the client calls before every request: the
+    file is looked at (stat) at most every `check_seconds`, read again when it changed, and at the
+    next request after a 401 (stale()), as client-go's cached file token source does."""
+
+    def __init__(self, path: str, check_seconds: float = 1.0, clock=time.monotonic) -> None:
+        self.path = path
+        self.check_seconds = check_seconds
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._next_check = float("-inf")
+        self._seen: tuple | None = None
+        self.reads = 0
+
+    def stale(self) -> None:
+        with self._lock:
+            self._next_check, self._seen = float("-inf"), None
+
+    def __call__(self, cfg: Any) -> None:
+        with self._lock:
+            now = self._clock()
+            if now < self._next_check:
+                return
+            self._next_check = now + self.check_seconds
+            try:
+                st = os.stat(self.path)
+                seen = (st.st_ino, st.st_mtime_ns, st.st_size)
+                if seen == self._seen:
+                    return
+                with open(self.path, encoding="utf-8") as fh:
+                    token = fh.read().strip()
+            except OSError:
+                return  # renewed by rename: a moment without the file keeps the token we have
+            if not token:
+                return
+            self._seen = seen
+            self.reads += 1
+            # The key the loader used: "BearerToken" from client 35 on, "authorization" before.
+            key = next((k for k in ("BearerToken", "authorization") if k in cfg.api_key),
+                       "BearerToken")
+            cfg.api_key[key] = f"Bearer {token}"
+
+
 class Api:
     """Requests to one API server through a configured `kubernetes.client.ApiClient`."""
 
@@ -78,7 +144,8 @@ class Api:
         headers.update(getattr(self.client, "default_headers", None) or {})
         cfg = self.client.configuration
         # Credentials as the client itself would send them (a bearer token, refreshed by the
-        # kubeconfig's hook when it expires); client certificates are in the pool already.
+        # configuration's hook: TokenFile's re-read of a token file); client certificates are in
+        # the pool already.
         for auth in (cfg.auth_settings() or {}).values():
             if auth.get("in") == "header" and auth.get("value"):
                 headers[auth["key"]] = auth["value"]
@@ -111,6 +178,11 @@ class Api:
                 data = b""
             finally:
                 resp.release_conn()
+            if resp.status == 401:
+                # Expired or revoked: the next request reads the token file again at once.
+                stale = getattr(self.client.configuration.refresh_api_key_hook, "stale", None)
+                if stale is not None:
+                    stale()
             raise _status_error(resp.status, data)
         return resp
 

@@ -56,6 +56,7 @@ import sys
 import threading
 import uuid
 
+from . import TokenFile, token_file_of
 from .controller import EXIT_CONFIG, Controller, Settings
 from .leader import Elector, lease_event
 from .metrics import Metrics
@@ -175,9 +176,15 @@ def api_client(kubeconfig: str, pool_size: int):
     if kubeconfig or os.path.exists(path) or not os.environ.get("KUBERNETES_SERVICE_HOST"):
         try:
             config.load_kube_config(config_file=path, client_configuration=cfg)
+            token_file = token_file_of(path)
         except Exception as exc:
             raise ConfigError(f"KUBECONFIG={path!r}: cannot load it: {exc}") from exc
+        if token_file:
+            # The token is renewed into this file (the role's token timer): read it again when
+            # it changes, or the process is locked out once the first token expires.
+            cfg.refresh_api_key_hook = TokenFile(token_file)
     else:
+        # (The in-cluster loader re-reads its mounted token every minute by itself.)
         config.load_incluster_config(client_configuration=cfg)
     # Three watches, the workers and the Lease each hold a connection.
     cfg.connection_pool_maxsize = pool_size

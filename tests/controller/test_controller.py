@@ -7,7 +7,9 @@ with kubectl inside the test host, as a user would.
 from __future__ import annotations
 
 import json
+import re
 import signal
+import time
 
 from ctllib import (
     FINALIZER,
@@ -218,3 +220,70 @@ def test_with_an_archive_namespace_every_record_is_also_kept_in_the_cluster(host
     assert json.loads(cm["data"]["ctl-kept-twice.json"]) == {"name": "ctl-kept-twice", "uid": uid, "pods": 5}
     assert cm["metadata"]["labels"]["platform.labhub.io/archived-teamspace"] == "ctl-kept-twice"
     assert json.loads((c.archive / "ctl-kept-twice.json").read_text())["uid"] == uid
+
+
+def _token(host, sa: str, ns: str, secret: str) -> str:
+    """A token of ServiceAccount sa bound to Secret secret: deleting the Secret revokes it."""
+    host.kubectl("create", "secret", "generic", secret, "-n", ns)
+    return host.kubectl("create", "token", sa, "-n", ns, "--duration=3600s",
+                        "--bound-object-kind=Secret", f"--bound-object-name={secret}").stdout.strip()
+
+
+def _rejected(host, server: str, token: str) -> bool:
+    proc = host.kubectl("--kubeconfig", "/dev/null", "--server", server, "--token", token,
+                        "--insecure-skip-tls-verify", "get", "--raw", "/api", check=False)
+    return proc.returncode != 0 and "Unauthorized" in proc.stderr
+
+
+def _server(host) -> str:
+    return host.kubectl("config", "view", "--minify", "-o",
+                        "jsonpath={.clusters[0].cluster.server}").stdout.strip()
+
+
+def test_a_renewed_token_file_is_used_once_the_old_token_is_revoked(host, start_controller, tmp_path):
+    """The role gives the watch controller a kubeconfig naming a token file that a timer renews
+    before the token expires. The controller must read the file again: here each token is bound
+    to a Secret, and deleting the Secret revokes it at once (instead of waiting for an expiry of
+    at least 10 minutes), three times in a row. With leader election on, the Lease needs the
+    token too."""
+    ns, sa = "ctl-token", "ctl-token"
+    if not host.exists("namespace", ns):
+        host.kubectl("create", "namespace", ns)
+        host.kubectl("create", "serviceaccount", sa, "-n", ns)
+        # A test identity: what the controller may do is tests/faults' concern, not this test's.
+        host.kubectl("create", "clusterrolebinding", "ctl-token", "--clusterrole=cluster-admin",
+                     f"--serviceaccount={ns}:{sa}")
+    suffix = str(int(time.time()))
+    token_file = tmp_path / "sa-token"
+    token_file.write_text(_token(host, sa, ns, f"t0-{suffix}"))
+    admin = host.inst.kubeconfig.read_text()
+    server = _server(host)
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(json.dumps({
+        "apiVersion": "v1", "kind": "Config", "current-context": "c",
+        "clusters": [{"name": "c", "cluster": {
+            "server": server,
+            "certificate-authority-data": re.search(r"certificate-authority-data: (\S+)", admin)[1]}}],
+        "users": [{"name": "u", "user": {"tokenFile": str(token_file)}}],
+        "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}]}))
+    c = start_controller("token", KUBECONFIG=str(kubeconfig), CNPA_LEADER_ELECTION="1",
+                         CNPA_LEASE_NAMESPACE=ns, CNPA_LEASE_SECONDS="4", CNPA_RENEW_SECONDS="3",
+                         CNPA_LEASE_RETRY_SECONDS="0.5")
+    host.apply(teamspace("ctl-token", pods=1))
+    wait_ready(host, "ctl-token")
+    for renewal in range(1, 4):
+        old = token_file.read_text().strip()
+        new = tmp_path / "sa-token.new"
+        new.write_text(_token(host, sa, ns, f"t{renewal}-{suffix}"))
+        new.replace(token_file)  # as the token unit renews it
+        host.kubectl("delete", "secret", f"t{renewal - 1}-{suffix}", "-n", ns)
+        # The API server caches a token it accepted for up to 10 s.
+        wait_for(lambda old=old: _rejected(host, server, old), timeout=60, interval=1,
+                 what=f"the token before renewal {renewal} rejected")
+        host.kubectl("patch", "teamspace", "ctl-token", "--type", "merge",
+                     "-p", json.dumps({"spec": {"pods": renewal + 1}}))
+        wait_for(lambda renewal=renewal: quota_hard(host, "ctl-token") == {
+            "pods": str(renewal + 1), "requests.cpu": "1"}, timeout=60,
+            what=f"the change after renewal {renewal} served")
+        wait_ready(host, "ctl-token")
+    assert c.proc.poll() is None, c.err()

@@ -92,3 +92,95 @@ def test_the_electors_news_reaches_the_journal():
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
                           cwd=ROOT, check=True)
     assert proc.stderr == "cnpa-op: host-a: became leader on lease cnpa-system/cnpa-op\n"
+
+
+def _kubeconfig(tmp_path: Path, token_file: str) -> Path:
+    path = tmp_path / "kubeconfig"
+    path.write_text(f"""apiVersion: v1
+kind: Config
+clusters: [{{name: c, cluster: {{server: "https://127.0.0.1:6443", insecure-skip-tls-verify: true}}}}]
+users:
+  - {{name: other, user: {{token: x}}}}
+  - {{name: sa, user: {{tokenFile: {token_file}}}}}
+contexts: [{{name: ctx, context: {{cluster: c, user: sa}}}}]
+current-context: ctx
+""")
+    return path
+
+
+def test_a_renewed_token_file_is_sent_from_the_next_check_on(tmp_path):
+    """The client alone would send the token it read at start for ever (issue: locked out once
+    it expires); TokenFile, installed by api_client, follows the file as the token unit renews it."""
+    from cnpa_controller import token_file_of
+    from cnpa_controller.__main__ import api_client
+
+    (tmp_path / "token").write_text("first\n")
+    kubeconfig = _kubeconfig(tmp_path, "token")  # relative: to the kubeconfig's directory
+    assert token_file_of(str(kubeconfig)) == str(tmp_path / "token")
+    client = api_client(str(kubeconfig), 4)
+    cfg = client.configuration
+
+    def sent() -> str:
+        return cfg.auth_settings()["BearerToken"]["value"]
+
+    hook = cfg.refresh_api_key_hook
+    assert sent() == "Bearer first"
+    # Renewed as the token unit does: a new file renamed over the old one.
+    (tmp_path / "token.new").write_text("second\n")
+    os.replace(tmp_path / "token.new", tmp_path / "token")
+    hook._next_check = float("-inf")  # (checked at most once a second)
+    assert sent() == "Bearer second"
+    reads = hook.reads
+    for _ in range(5):
+        hook._next_check = float("-inf")
+        assert sent() == "Bearer second"
+    assert hook.reads == reads  # unchanged file: looked at, not read again
+    # Missing for a moment, or empty: the last good token stays.
+    (tmp_path / "token").unlink()
+    hook._next_check = float("-inf")
+    assert sent() == "Bearer second"
+    (tmp_path / "token").write_text("")
+    hook._next_check = float("-inf")
+    assert sent() == "Bearer second"
+
+
+def test_a_401_makes_the_next_request_read_the_token_file_again(tmp_path):
+    from cnpa_controller import Api, ApiError, TokenFile
+
+    class Resp:
+        status = 401
+
+        def read(self):
+            return b'{"kind":"Status","reason":"Unauthorized","message":"Unauthorized"}'
+
+        def release_conn(self):
+            pass
+
+    class Pool:
+        def request(self, *a, **k):
+            return Resp()
+
+    class Cfg:
+        host = "https://api"
+        api_key: dict = {}
+
+        def __init__(self):
+            self.refresh_api_key_hook = TokenFile(str(tmp_path / "t"), check_seconds=3600)
+
+        def auth_settings(self):
+            self.refresh_api_key_hook(self)
+            return {}
+
+    class Client:
+        configuration = Cfg()
+        rest_client = type("R", (), {"pool_manager": Pool()})()
+
+    (tmp_path / "t").write_text("a")
+    api = Api(Client())
+    hook = Client.configuration.refresh_api_key_hook
+    with pytest.raises(ApiError):
+        api.request("GET", "/api")
+    assert hook.reads == 1
+    with pytest.raises(ApiError):  # within the hour, but after a 401: read again
+        api.request("GET", "/api")
+    assert hook.reads == 2
