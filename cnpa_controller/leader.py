@@ -12,18 +12,29 @@ How it decides (as client-go's `tryAcquireOrRenew`, checked against its source):
 - Every write is a PUT (or the first POST) carrying the resourceVersion that was read: of two
   candidates that both saw the lease expire, the second write fails with 409 Conflict, so two can
   never both win. leaseTransitions is incremented when the holder changes.
-- The holder renews every retry period. Unlike client-go, a record that names our identity counts
-  as ours only if it is exactly the record we last wrote: a second process with the same identity
-  (a restarted service beside a frozen old one) is treated as another holder, never renewed over.
-  After a crash the restarted process therefore waits one lease duration; a clean shutdown calls
-  release(), which frees the Lease at once (client-go's ReleaseOnCancel).
+- The holder renews every retry period (from the start of one renewal to the next), as
+  client-go's fast path does: one PUT of the Lease it last wrote (its resourceVersion), no read
+  first. Only a conflict (409) or not leading sends it back to read the Lease first. A request
+  may take up to renew - retry seconds: an API server that slow still leaves the lead in place.
+- Unlike client-go, a record that names our identity counts as ours only if it is exactly the
+  record we last wrote (or the one a renewal whose answer was lost tried to write: it may have
+  landed): a second process with the same identity (a restarted service beside a frozen old one)
+  is treated as another holder, never renewed over. After a crash the restarted process
+  therefore waits one lease duration; a clean shutdown calls release(), which frees the Lease at
+  once (client-go's ReleaseOnCancel).
+- A deleted Lease is created again by whichever candidate finds it missing (the role lets the
+  identity create that one Lease name only).
 
-Fencing: is_leader() is True only while the local monotonic clock is before the start of the last
+Fencing: is_leader() is True only while the local clock is before the start of the last
 successful acquire/renew write + renew_seconds. Others can take over only lease_seconds after they
 saw that write, which landed after it started, so with renew_seconds < lease_seconds a process
 that was frozen (SIGSTOP, a stalled VM) finds is_leader() False the moment it resumes, before it
-could send anything. The remaining window is a write already past its is_leader() check when the
-process froze; callers check is_leader() immediately before each write.
+could send anything. The clock is CLOCK_BOOTTIME, which goes on while the machine is suspended
+(CLOCK_MONOTONIC stops), checked against the wall clock as well: a VM paused by its host may
+see neither stop, but its wall clock is stepped forward once it runs again. The remaining window
+is a write already past its is_leader() check when the process froze; callers check is_leader()
+immediately before each write. A lapse of the fence while the Lease is still ours (renewals too
+slow or failing) is logged as such.
 
 Errors of the API are logged and retried; run() never raises. Transitions are logged as one line
 naming the identity and the Lease, and reported through on_change(bool); lease_event() records
@@ -35,6 +46,7 @@ works too (see above for what a restart then costs).
 
 from __future__ import annotations
 
+import copy
 import datetime
 import json
 import logging
@@ -176,12 +188,21 @@ def released_spec(record: dict, wall: float) -> dict:
 # -- the elector ----------------------------------------------------------------------------------
 
 
+def boottime() -> float:
+    """Seconds on CLOCK_BOOTTIME (runs on through a suspend), else CLOCK_MONOTONIC."""
+    try:
+        return time.clock_gettime(time.CLOCK_BOOTTIME)
+    except (AttributeError, OSError):
+        return time.monotonic()
+
+
+
 class Elector:
     """Campaign for, hold and give up one Lease. See the module docstring for the semantics."""
 
     def __init__(self, api, namespace: str, name: str, identity: str, *,
                  lease_seconds: float = 15, renew_seconds: float = 10, retry_seconds: float = 2,
-                 on_change: Callable[[bool], None] | None = None, clock=time.monotonic,
+                 on_change: Callable[[bool], None] | None = None, clock=boottime,
                  wall=time.time) -> None:
         if not 0 < retry_seconds < renew_seconds < lease_seconds:
             raise ValueError("need 0 < retry_seconds < renew_seconds < lease_seconds")
@@ -197,12 +218,16 @@ class Elector:
         self.on_change = on_change
         self._clock = clock
         self._wall = wall
-        # A request may not outlast the time we are allowed to keep acting without a renewal.
-        self._timeout = max(0.5, min(10.0, renew_seconds / 2))
+        # A renewal may take as long as leaves room for one more attempt before the fence lapses.
+        self._timeout = max(0.5, min(10.0, renew_seconds - retry_seconds))
         self._lock = threading.Lock()
         self._report_lock = threading.Lock()
-        self._valid_until = float("-inf")   # fence, see is_leader()
+        self._valid_until = float("-inf")   # fence on our clock, see is_leader()
+        self._valid_until_wall = float("-inf")   # the same on the wall clock
         self._mine: dict | None = None   # record of our last successful write
+        self._written: dict | None = None   # the Lease as that write returned it (fast path)
+        # (record, start) of a write whose answer never came: it may have landed.
+        self._pending: tuple[dict, float, float] | None = None
         self._observed: dict | None = None
         self._observed_at = 0.0
         self._reported = False
@@ -218,22 +243,29 @@ class Elector:
         return f"{self.namespace}/{self.name}"
 
     def is_leader(self) -> bool:
-        return self._clock() < self._valid_until
+        return self._clock() < self._valid_until and self._wall() < self._valid_until_wall
 
     def run(self, stop: threading.Event) -> None:
         """Campaign and renew until stop is set (or release() was called). Never raises."""
         log.info("%s: candidate for lease %s", self.identity, self.describe())
         while not stop.is_set() and not self._released:
+            self._report()   # a fence that lapsed while we waited is news before the next try
+            began = self._clock()
             try:
                 self._step()
             except Exception:  # a bug here must not end the campaign silently
                 log.exception("%s: leader election step failed on lease %s", self.identity,
                               self.describe())
             self._report()
-            pause = self.retry_seconds
-            if not self.is_leader():
-                pause *= 1 + JITTER * random.random()
-            stop.wait(pause)
+            if self.is_leader():
+                # Renewals start every retry period, however long each took: a renewal then
+                # lands before the fence lapses as long as requests take less than
+                # renew - retry seconds (waiting retry seconds after each answer would allow
+                # only half that).
+                pause = self.retry_seconds - (self._clock() - began)
+            else:
+                pause = self.retry_seconds * (1 + JITTER * random.random())
+            stop.wait(max(0.0, pause))
         self._report()
 
     def release(self) -> None:
@@ -242,11 +274,11 @@ class Elector:
         # Stop acting (and say so) before the Lease can go to another; a step of run() still in
         # flight cannot re-arm the fence once _released is set (see _won).
         self._released = True
-        self._valid_until = float("-inf")
+        self._valid_until = self._valid_until_wall = float("-inf")
         self._report()
         with self._lock:
-            self._valid_until = float("-inf")
-            mine, self._mine = self._mine, None
+            self._valid_until = self._valid_until_wall = float("-inf")
+            mine, self._mine, self._written = self._mine, None, None
             if mine is not None:
                 self._release(mine)
 
@@ -274,6 +306,9 @@ class Elector:
         with self._lock:
             if self._released:
                 return
+            if self._written is not None and self.is_leader():
+                self._renew_fast()
+                return
             try:
                 lease = request(self.api, "GET", self.path, timeout=self._timeout)
             except ApiError as err:
@@ -286,26 +321,47 @@ class Elector:
             now = self._clock()
             if record != self._observed:
                 self._observed, self._observed_at = record, now
+            if self._pending is not None and record == self._pending[0]:
+                # A write whose answer was lost did land: it is ours, fenced from its start.
+                pending, self._pending = self._pending, None
+                self._won(lease, pending[1], pending[2])
             if self._mine is not None and record != self._mine:
                 # Not the record we wrote last: whatever the fence says, the Lease is not ours.
                 log.info("%s: lease %s now held by %r", self.identity, self.describe(),
                          record.get("holderIdentity"))
-                self._mine = None
-                self._valid_until = float("-inf")
+                self._mine = self._written = None
+                self._valid_until = self._valid_until_wall = float("-inf")
             action = decide(record, self.identity, self._mine, self._observed_at, now, self.lease_seconds)
             if action == "wait":
                 return
             lease["spec"] = {**lease.get("spec", {}),
                              **next_spec(record, self.identity, action, self.lease_seconds, self._wall())}
-            started = self._clock()
-            try:
-                written = request(self.api, "PUT", self.path, lease, timeout=self._timeout)
-            except ApiError as err:
-                # 409: another candidate wrote first; the next read shows who.
-                log.log(logging.INFO if err.status == 409 else logging.WARNING,
-                        "%s: cannot %s lease %s: %s", self.identity, action, self.describe(), err)
+            self._write(lease, action)
+
+    def _renew_fast(self) -> None:
+        """client-go's fast path: renew the Lease we wrote last without reading it first."""
+        lease = copy.deepcopy(self._written)
+        lease["spec"] = {**lease.get("spec", {}),
+                         **next_spec(self._mine, self.identity, "renew", self.lease_seconds,
+                                     self._wall())}
+        self._write(lease, "renew")
+
+    def _write(self, lease: dict, action: str) -> None:
+        started, started_wall = self._clock(), self._wall()
+        try:
+            written = request(self.api, "PUT", self.path, lease, timeout=self._timeout)
+        except ApiError as err:
+            self._written = None   # read before the next write
+            if err.status == 404:
+                self._create()   # deleted meanwhile: whoever creates it first leads
                 return
-            self._won(written, started)
+            if err.status == 0:
+                self._pending = (record_of(lease), started, started_wall)
+            # 409: another candidate (or our own lost write) wrote first; the next read shows who.
+            log.log(logging.INFO if err.status == 409 else logging.WARNING,
+                    "%s: cannot %s lease %s: %s", self.identity, action, self.describe(), err)
+            return
+        self._won(written, started, started_wall)
 
     def _create(self) -> None:
         lease = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
@@ -313,23 +369,28 @@ class Elector:
                               "labels": dict([MANAGED_BY])},
                  "spec": {**next_spec({}, self.identity, "acquire", self.lease_seconds, self._wall()),
                           "leaseTransitions": 0}}
-        started = self._clock()
+        started, started_wall = self._clock(), self._wall()
         try:
             written = request(self.api, "POST", LEASES.format(namespace=self.namespace), lease,
                               timeout=self._timeout)
         except ApiError as err:
+            if err.status == 0:
+                self._pending = (record_of(lease), started, started_wall)
             # 409 AlreadyExists: another candidate created it; the next read sees its record.
             log.log(logging.INFO if err.status == 409 else logging.WARNING,
                     "%s: cannot create lease %s: %s", self.identity, self.describe(), err)
             return
-        self._won(written, started)
+        self._won(written, started, started_wall)
 
-    def _won(self, written: dict, started: float) -> None:
+    def _won(self, written: dict, started: float, started_wall: float) -> None:
         self._mine = record_of(written)
+        self._written = written
+        self._pending = None
         self._observed, self._observed_at = self._mine, self._clock()
         self.lease_uid = (written.get("metadata") or {}).get("uid", self.lease_uid)
         if not self._released:
             self._valid_until = started + self.renew_seconds
+            self._valid_until_wall = started_wall + self.renew_seconds
 
     def _report(self) -> None:
         """Log and report a change of is_leader() since the last report (once per transition)."""
@@ -341,6 +402,10 @@ class Elector:
             self.transitions_seen += 1
         if leading:
             log.info("%s: became leader on lease %s", self.identity, self.describe())
+        elif self._mine is not None and not self._released:
+            log.warning("%s: stopped leading on lease %s: no renewal succeeded for %g s; not "
+                        "writing until one does", self.identity, self.describe(),
+                        self.renew_seconds)
         else:
             log.info("%s: stopped leading on lease %s", self.identity, self.describe())
         if self.on_change is not None:

@@ -2,7 +2,7 @@
 cnpa_controller.leader.Elector against a test host's API server and recording what it believes.
 
 Run as a script, this module IS one candidate:
-    python leaderlib.py KUBECONFIG NAMESPACE LEASE IDENTITY OUT
+    python leaderlib.py KUBECONFIG NAMESPACE LEASE IDENTITY OUT [LEASE,RENEW,RETRY]
 It samples elector.is_leader() every SAMPLE seconds and appends one JSON line per sample to OUT,
 {"t": ..., "leader": bool}, plus {"t": ..., "change": bool} for each on_change call. Every "t" is
 CLOCK_MONOTONIC, which all processes of the machine share, so the samples of several candidates
@@ -41,7 +41,9 @@ def main(argv: list[str]) -> int:
 
     from cnpa_controller.leader import Elector
 
-    kubeconfig, namespace, lease, identity, out_path = argv
+    kubeconfig, namespace, lease, identity, out_path = argv[:5]
+    lease_s, renew_s, retry_s = (map(float, argv[5].split(",")) if len(argv) > 5
+                                 else (LEASE_SECONDS, RENEW_SECONDS, RETRY_SECONDS))
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(asctime)s %(threadName)s %(message)s")
     with open(out_path, "a", buffering=1, encoding="utf-8") as out:
@@ -52,8 +54,8 @@ def main(argv: list[str]) -> int:
                 out.write(json.dumps({"t": time.monotonic(), **fields}) + "\n")
 
         api = config.new_client_from_config(config_file=kubeconfig)
-        elector = Elector(api, namespace, lease, identity, lease_seconds=LEASE_SECONDS,
-                          renew_seconds=RENEW_SECONDS, retry_seconds=RETRY_SECONDS,
+        elector = Elector(api, namespace, lease, identity, lease_seconds=lease_s,
+                          renew_seconds=renew_s, retry_seconds=retry_s,
                           on_change=lambda leading: record(change=leading))
         stop = threading.Event()
         signal.signal(signal.SIGTERM, lambda *_: stop.set())
@@ -75,13 +77,16 @@ def main(argv: list[str]) -> int:
 class Candidate:
     """One candidate process started by the test (and only ever signalled by its PID)."""
 
-    def __init__(self, kubeconfig: Path, namespace: str, lease: str, identity: str, workdir: Path):
+    def __init__(self, kubeconfig: Path, namespace: str, lease: str, identity: str, workdir: Path,
+                 timings: tuple[float, float, float] | None = None):
         self.identity = identity
         self.out = workdir / f"{identity}.jsonl"
         self.err = workdir / f"{identity}.log"
+        extra = [",".join(f"{t:g}" for t in timings)] if timings else []
         with open(self.err, "w") as err:
             self.proc = subprocess.Popen(
-                [PYTHON, __file__, str(kubeconfig), namespace, lease, identity, str(self.out)],
+                [PYTHON, __file__, str(kubeconfig), namespace, lease, identity, str(self.out),
+                 *extra],
                 stdin=subprocess.DEVNULL, stdout=err, stderr=err, start_new_session=True)
 
     def lines(self) -> list[dict]:

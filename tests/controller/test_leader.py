@@ -20,6 +20,7 @@ import time
 import pytest
 from hostlib import Host, wait_for
 from leaderlib import LEASE_SECONDS, Candidate, overlaps
+from slowproxy import SlowProxy
 
 NAMESPACE = "lease-tests"
 WAIT = 30   # bound for a takeover; lease_seconds is 4
@@ -43,10 +44,10 @@ def candidates(lease_host, lease_name, tmp_path):
     started: list[Candidate] = []
     lease_host.kubectl("delete", "lease", lease_name, "-n", NAMESPACE, "--ignore-not-found")
 
-    def start(n: int = 3) -> list[Candidate]:
+    def start(n: int = 3, kubeconfig=None, timings=None) -> list[Candidate]:
         for i in range(n):
-            started.append(Candidate(lease_host.inst.kubeconfig, NAMESPACE, lease_name,
-                                     f"cand-{len(started)}-{i}", tmp_path))
+            started.append(Candidate(kubeconfig or lease_host.inst.kubeconfig, NAMESPACE,
+                                     lease_name, f"cand-{len(started)}-{i}", tmp_path, timings))
         return started
 
     yield start
@@ -181,3 +182,25 @@ def test_transition_event_is_recorded_on_the_lease(lease_host, lease_name):
                  if e["involvedObject"].get("uid") == uid)
     assert got == [("LeaderElection", "cand-x became leader", "Normal"),
                    ("LeaderElection", "cand-x stopped leading", "Normal")]
+
+
+def test_a_slow_api_server_does_not_cost_the_lead(lease_host, lease_name, candidates, tmp_path):
+    """Every request answered 2.5 s late (a proxy on loopback holds each one back), with the
+    role's Lease timings (10/7/2 s): every renewal succeeds, so the leader never stops leading.
+    (Reading the Lease before each renewal made one 2 + 2 x 2.5 s = 7 s apart: the fence lapsed.)"""
+    admin = lease_host.inst.kubeconfig.read_text()
+    server = re.search(r"server: https://127\.0\.0\.1:(\d+)", admin)
+    with SlowProxy(("127.0.0.1", int(server[1])), delay=2.5) as proxy:
+        slow = tmp_path / "kubeconfig-slow"
+        slow.write_text(admin.replace(server[0], f"server: https://127.0.0.1:{proxy.port}"))
+        cands = candidates(2, kubeconfig=slow, timings=(10, 7, 2))
+        leader = wait_for(lambda: next((c for c in cands if c.leading_now()), None), timeout=60,
+                          interval=0.2, what="a leader through the slow proxy")
+        since = time.monotonic()
+        time.sleep(60)
+        samples = [lead for t, lead in leader.samples() if t >= since]
+        assert len(samples) > 600 and all(samples), \
+            f"the leader stopped leading {samples.count(False)} of {len(samples)} samples"
+        assert [x["change"] for x in leader.lines() if "change" in x] == [True]
+        assert overlaps(cands) == []
+        assert "no renewal succeeded" not in leader.log()

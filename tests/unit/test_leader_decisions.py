@@ -84,10 +84,13 @@ class FakeLeases:
         self.rv = 0
         self.fail: Exception | None = None
         self.before_write = None   # called once before the next PUT is applied
+        self.lose_answer = False   # the next write is applied, but its answer never comes
         self.writes = []
+        self.calls = []
 
     def __call__(self, api, method, path, body=None, *, timeout=10.0):
         assert timeout <= 10
+        self.calls.append(method)
         if self.fail is not None:
             raise self.fail
         if method == "GET":
@@ -116,6 +119,9 @@ class FakeLeases:
         body["metadata"].setdefault("uid", "uid-1")
         self.obj = body
         self.writes.append((method, copy.deepcopy(body["spec"])))
+        if self.lose_answer:
+            self.lose_answer = False
+            raise ApiError(0, "ReadTimeoutError")
         return copy.deepcopy(body)
 
     @property
@@ -442,3 +448,95 @@ def test_request_without_a_response_is_status_0():
     with pytest.raises(ApiError) as err:
         leader.request(Down(), "GET", PATH)
     assert err.value.status == 0
+
+
+# -- renewals as client-go makes them -------------------------------------------------------------
+
+def test_the_leader_renews_with_one_write_and_no_read(world):
+    """Each renewal is one PUT of the Lease it wrote last: with a read first, a request of modest
+    latency doubled the time between renewals and the fence lapsed although all of them succeeded."""
+    leases, clock = world
+    a = elector(clock, ME)
+    step(a)
+    leases.calls.clear()
+    for _ in range(5):
+        clock.t += 0.5
+        step(a)
+    assert leases.calls == ["PUT"] * 5 and a.is_leader()
+
+
+def test_a_conflict_on_the_fast_path_reads_the_lease_again(world):
+    leases, clock = world
+    a, b = elector(clock, ME), elector(clock, OTHER)
+    step(a)
+    leases.obj["metadata"]["resourceVersion"] = "99"   # somebody else's write, e.g. kubectl edit
+    leases.calls.clear()
+    clock.t += 0.5
+    step(a)
+    assert leases.calls == ["PUT"]   # 409
+    clock.t += 0.5
+    step(a, b)
+    assert leases.calls[1:3] == ["GET", "PUT"] and a.is_leader() and not b.is_leader()
+
+
+def test_a_renewal_whose_answer_was_lost_keeps_the_lead(world):
+    """The PUT landed but its answer never came (timeout): the next read shows the record we
+    tried to write. It is ours; stepping down for a whole lease would be for nothing."""
+    leases, clock = world
+    changes = []
+    a = elector(clock, ME, changes)
+    step(a)
+    clock.t += 0.5
+    leases.lose_answer = True
+    step(a)
+    clock.t += 0.5
+    step(a)
+    assert a.is_leader() and changes == [True]
+    assert leases.spec["holderIdentity"] == ME and leases.spec["leaseTransitions"] == 0
+
+
+def test_a_deleted_lease_is_created_again_by_its_leader_or_a_follower(world):
+    leases, clock = world
+    a, b = elector(clock, ME), elector(clock, OTHER)
+    step(a, b)
+    leases.obj = None   # kubectl delete lease
+    clock.t += 0.5
+    step(a, b)   # a's renewal finds it gone and creates it; b reads a's new record
+    assert a.is_leader() and not b.is_leader() and leases.spec["holderIdentity"] == ME
+    leases.obj = None
+    clock.t += 0.5
+    step(b)   # b finds it missing first: it creates it and leads
+    assert b.is_leader()
+    clock.t += 0.5
+    step(a)   # a's fast path PUT: 409 AlreadyExists is not its record any more
+    clock.t += 0.5
+    step(a)
+    assert not a.is_leader() and leases.spec["holderIdentity"] == OTHER
+
+
+def test_the_fence_holds_on_the_wall_clock_too(world):
+    """A VM paused by its host may find its boot-time clock barely moved; its wall clock is
+    stepped forward when it runs again: either clock past the fence ends the lead."""
+    _leases, clock = world
+    wall = [1767225600.0]
+    a = Elector(None, "cnpa-system", "cnpa-op", ME, lease_seconds=4, renew_seconds=3,
+                retry_seconds=0.5, clock=clock, wall=lambda: wall[0])
+    step(a)
+    assert a.is_leader()
+    wall[0] += 3.01
+    assert not a.is_leader()
+
+
+def test_the_fence_uses_the_boot_time_clock():
+    assert leader.Elector.__init__.__kwdefaults__["clock"] is leader.boottime
+    before = leader.boottime()
+    assert leader.boottime() >= before
+
+
+def test_a_lapse_of_the_fence_while_the_lease_is_ours_is_a_warning(world, caplog):
+    leases, clock = world
+    a = elector(clock, ME)
+    step(a)
+    clock.t += 3.1   # no renewal for renew_seconds (slow or failing requests)
+    a._report()
+    assert "no renewal succeeded for 3 s" in caplog.text
