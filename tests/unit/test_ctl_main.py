@@ -162,9 +162,9 @@ def test_a_401_makes_the_next_request_read_the_token_file_again(tmp_path):
 
     class Cfg:
         host = "https://api"
-        api_key: dict = {}
 
         def __init__(self):
+            self.api_key = {}
             self.refresh_api_key_hook = TokenFile(str(tmp_path / "t"), check_seconds=3600)
 
         def auth_settings(self):

@@ -534,7 +534,7 @@ def test_the_fence_uses_the_boot_time_clock():
 
 
 def test_a_lapse_of_the_fence_while_the_lease_is_ours_is_a_warning(world, caplog):
-    leases, clock = world
+    _leases, clock = world
     a = elector(clock, ME)
     step(a)
     clock.t += 3.1   # no renewal for renew_seconds (slow or failing requests)
