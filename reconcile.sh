@@ -270,7 +270,7 @@ failed_write() {
 # disk (file and directory) before its finalizer may be released. The record of an earlier
 # TeamSpace of the same name is kept beside it as NAME.UID.json.
 archive_step() {
-  local row name uid record file old keep tmp
+  local row name uid record file old keep
   if [[ -d $ARCHIVE_DIR && $(stat -L -c %h -- "$ARCHIVE_DIR") == 0 ]] ||
      ! mkdir -p -- "$ARCHIVE_DIR" 2>/dev/null ||
      [[ ,$(findmnt -n -o OPTIONS -T "$ARCHIVE_DIR" 2>/dev/null), == *,ro,* ]]; then
@@ -299,21 +299,33 @@ archive_step() {
       if [[ -n $old && $old != "$uid" ]]; then
         keep="$ARCHIVE_DIR/$name.$old.json"
         ((${#name} <= 200)) || keep="$ARCHIVE_DIR/$old.json"
-        if [[ ! -e $keep ]] && ! { cp -- "$file" "$keep" && sync -- "$keep"; }; then
+        # Made like the record (temporary file, flushed, renamed): a full disk or a crash
+        # leaves no torn copy for a later pass to take for a good one. A copy that is there
+        # must be the earlier record byte for byte, or it is made again.
+        if ! cmp -s -- "$file" "$keep" && ! write_durably "$name" "$keep" <"$file"; then
           fail "$row" "$ARCHIVE_FAILED" "cannot keep the earlier record of $name as $keep; keeping the finalizer, deletion waits"
           continue
         fi
       fi
     fi
-    if tmp=$(mktemp -- "$ARCHIVE_DIR/.$name.json.XXXXXX") &&
-       printf '%s\n' "$record" >"$tmp" && sync -- "$tmp" &&
-       mv -f -- "$tmp" "$file" && sync -- "$ARCHIVE_DIR"; then
+    if printf '%s\n' "$record" | write_durably "$name" "$file"; then
       say "$name" "archived to $file"
     else
-      rm -f -- "${tmp:-}"
       fail "$row" "$ARCHIVE_FAILED" "cannot write $file; keeping the finalizer, deletion waits"
     fi
   done <"$WORK/rows"
+}
+
+# write_durably NAME PATH <TEXT: PATH holds stdin in full, on disk (file and directory flushed),
+# or is left as it was. The temporary file is .NAME.json.XXXXXX, which a later pass removes.
+write_durably() {
+  local tmp
+  if tmp=$(mktemp -- "$ARCHIVE_DIR/.$1.json.XXXXXX") && cat >"$tmp" && sync -- "$tmp" &&
+     mv -f -- "$tmp" "$2" && sync -- "$ARCHIVE_DIR"; then
+    return 0
+  fi
+  rm -f -- "${tmp:-}"
+  return 1
 }
 
 # problem_step: what no write can fix; reported (journal, Event) pass after pass until fixed.

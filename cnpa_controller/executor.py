@@ -335,33 +335,16 @@ class Executor:
                 old = ""
             if old and old != uid:
                 keep = os.path.join(d, f"{name}.{old}.json" if len(name) <= 200 else f"{old}.json")
-                if not os.path.exists(keep):
-                    try:
-                        with open(keep, "x", encoding="utf-8") as fh:
-                            fh.write(have)
-                            fh.flush()
-                            os.fsync(fh.fileno())
-                    except OSError:
-                        self._fail(w, result, failures, ARCHIVE_FAILED,
-                                   f"cannot keep the earlier record of {name} as {keep}; keeping "
-                                   "the finalizer, deletion waits", now)
-                        return
-        tmp = None
-        try:
-            fd, tmp = self._mktemp(d, f".{name}.json.")
-            with os.fdopen(fd, "w", encoding="utf-8") as fh:
-                fh.write(record + "\n")
-                fh.flush()
-                os.fsync(fh.fileno())
-            os.replace(tmp, path)
-            tmp = None
-            _fsync_path(d, directory=True)
-        except OSError:
-            if tmp:
                 try:
-                    os.unlink(tmp)
+                    self._keep(d, name, keep, have)
                 except OSError:
-                    pass
+                    self._fail(w, result, failures, ARCHIVE_FAILED,
+                               f"cannot keep the earlier record of {name} as {keep}; keeping "
+                               "the finalizer, deletion waits", now)
+                    return
+        try:
+            self._write_durably(d, name, path, record + "\n")
+        except OSError:
             self._fail(w, result, failures, ARCHIVE_FAILED,
                        f"cannot write {path}; keeping the finalizer, deletion waits", now)
             return
@@ -393,6 +376,38 @@ class Executor:
         result.writes += 1
         self.count("cnpa_writes_total", {"step": "archive", "op": "configmap"})
         self.say(name, f"archived to ConfigMap {self.archive_namespace}/{obj['metadata']['name']}")
+
+    def _keep(self, d: str, name: str, keep: str, have: str) -> None:
+        """The earlier record, before NAME.json is replaced: a copy made like the record itself
+        (temporary file, flushed, renamed), so a full disk or a crash leaves no torn copy that a
+        later pass would take for a good one; a copy that exists must be byte for byte the
+        earlier record, or it is made again."""
+        try:
+            with open(keep, encoding="utf-8") as fh:
+                if fh.read() == have:
+                    return
+        except FileNotFoundError:
+            pass
+        self._write_durably(d, name, keep, have)
+
+    def _write_durably(self, d: str, name: str, path: str, text: str) -> None:
+        """path holds text in full, on disk (file and directory flushed), or is unchanged."""
+        tmp = None
+        try:
+            fd, tmp = self._mktemp(d, f".{name}.json.")
+            with os.fdopen(fd, "w", encoding="utf-8") as fh:
+                fh.write(text)
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.replace(tmp, path)
+            tmp = None
+            _fsync_path(d, directory=True)
+        finally:
+            if tmp:
+                try:
+                    os.unlink(tmp)
+                except OSError:
+                    pass
 
     @staticmethod
     def _mktemp(d: str, prefix: str) -> tuple[int, str]:

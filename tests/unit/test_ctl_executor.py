@@ -303,3 +303,31 @@ def test_a_lasting_problem_gets_its_event_again_once_the_server_may_have_dropped
     monkeypatch.setattr("cnpa_controller.executor.EVENT_RESEND", 0.0)
     ex.execute(t, cnpa_plan.plan(t, None, None, NOW), NOW)
     assert len([c for c in api.calls if c[1].endswith("/events")]) == 2
+
+
+def test_a_full_disk_never_costs_the_earlier_record(small_disk):
+    """The earlier record is copied aside before NAME.json is replaced. On a full disk that copy
+    fails: nothing torn may be left for a later pass (once there is room again) to take for a
+    good copy and then replace the only complete one."""
+    d = small_disk.path
+    earlier = '{"name":"a","uid":"old","pods":1}\n'
+    (d / "a.json").write_text(earlier)
+    small_disk.fill()
+    t = teamspace(finalizers=[FIN], deleting=True)
+    result, said, _ = run(FakeApi(), t, tmp_path=d)
+    assert result.failed and "finalizer released" not in said
+    assert (d / "a.json").read_text() == earlier
+    small_disk.free()
+    result, said, _ = run(FakeApi(), t, tmp_path=d)
+    assert not result.failed and said[-1] == "finalizer released"
+    assert (d / "a.old.json").read_text() == earlier
+    assert json.loads((d / "a.json").read_text())["uid"] == "u-1"
+    assert sorted(p.name for p in d.iterdir()) == ["a.json", "a.old.json"]
+
+
+def test_a_torn_copy_of_the_earlier_record_is_made_again(tmp_path):
+    earlier = '{"name":"a","uid":"old","pods":1}\n'
+    (tmp_path / "a.json").write_text(earlier)
+    (tmp_path / "a.old.json").write_text('{"name":"a","ui')  # left by an older version
+    run(FakeApi(), teamspace(finalizers=[FIN], deleting=True), tmp_path=tmp_path)
+    assert (tmp_path / "a.old.json").read_text() == earlier

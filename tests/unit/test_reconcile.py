@@ -644,3 +644,23 @@ def test_a_replaced_archive_directory_ends_the_pass_with_status_4(tmp_path):
         os.close(keep)
     assert res.returncode == 4 and "was replaced" in res.stderr
     assert c.state["teamspaces"]["b"]["metadata"]["finalizers"] == [FIN]
+
+
+def test_a_full_disk_never_costs_the_earlier_record(tmp_path, small_disk):
+    """As the watch controller's executor (tests/unit/test_ctl_executor.py): on a full disk the
+    copy of the earlier record fails without leaving a torn copy that the next pass, once there
+    is room, would take for a good one before it replaces the only complete record."""
+    d = small_disk.path
+    earlier = '{"name":"a","uid":"uid-1","pods":1}\n'
+    (d / "a.json").write_text(earlier)
+    small_disk.fill()
+    c = Cluster(tmp_path, [teamspace("a", "uid-2", pods=2, finalizers=[FIN], deleting=True)])
+    res = c.run(CNPA_ARCHIVE_DIR=str(d))
+    assert res.returncode == 1 and "cannot keep the earlier record" in res.stderr
+    assert (d / "a.json").read_text() == earlier
+    small_disk.free()
+    res = c.run(CNPA_ARCHIVE_DIR=str(d))
+    assert res.returncode == 0, res.stderr
+    assert (d / "a.uid-1.json").read_text() == earlier
+    assert json.loads((d / "a.json").read_text())["uid"] == "uid-2"
+    assert sorted(p.name for p in d.iterdir()) == ["a.json", "a.uid-1.json"]
