@@ -49,6 +49,7 @@ NAMESPACE_NOT_OURS = "NamespaceNotOurs"
 NAMESPACE_OWNED_BY_OTHER = "NamespaceOwnedByOther"
 QUOTA_SCOPED = "QuotaScoped"
 ARCHIVE_FAILED = "ArchiveFailed"
+ARCHIVE_RECORD_MISMATCH = "ArchiveRecordMismatch"  # the cluster's copy is not this record
 QUOTA_REVERTED = "QuotaReverted"  # Normal: an edit of the quota was set back
 RECONCILED = "Reconciled"  # the Ready condition's reason when it is True
 
@@ -217,6 +218,17 @@ def _problem(teamspace: dict, namespace: dict | None, quota: dict | None) -> tup
                                     "not adopting it")
     if not namespace_is_ours(teamspace, namespace):
         others = [r for r in ns_meta.get("ownerReferences") or [] if r.get("controller")]
+        uid = teamspace["metadata"].get("uid")
+        if others and others[0].get("uid") == uid:
+            recorded = (teamspace.get("status") or {}).get("namespaceUID")
+            return NAMESPACE_NOT_OURS, (
+                f"namespace {ns_name} (uid {ns_meta.get('uid')}) names this TeamSpace as its "
+                "controller but is not the one cnpa-op created for it"
+                + (f" (that was uid {recorded})" if recorded else "")
+                + " and it carries labels or annotations cnpa-op does not set "
+                f"({_short(_foreign_metadata(teamspace, namespace))}): its ownerReference may be "
+                "copied from this TeamSpace's public uid; not adopting it - delete it and it is "
+                "recreated")
         if others:
             o = others[0]
             return NAMESPACE_OWNED_BY_OTHER, (
@@ -236,15 +248,29 @@ def _problem(teamspace: dict, namespace: dict | None, quota: dict | None) -> tup
 
 
 def namespace_is_ours(teamspace: dict, namespace: dict) -> bool:
-    """Created by the controller for this TeamSpace: its uid is the one recorded in status, or
-    it is controlled by this TeamSpace's uid (created in a pass that ended before the status
-    write). A label alone proves nothing: anyone who may create namespaces can set it."""
-    uid = teamspace["metadata"].get("uid")
+    """Created by the controller for this TeamSpace: its uid is the one recorded in status; or,
+    until a uid is recorded for it (a pass that created it ended before its status write), it is
+    controlled by this TeamSpace's uid and exactly as the controller makes it. A label proves
+    nothing, and an ownerReference little: the TeamSpace's uid is public, so anyone who may create
+    namespaces can race the controller (or recreate team-NAME after a deletion) with one of their
+    own, labelled or annotated to their liking (Pod Security, node selectors)."""
+    meta = namespace["metadata"]
     recorded = (teamspace.get("status") or {}).get("namespaceUID")
-    if recorded and recorded == namespace["metadata"].get("uid"):
+    if recorded and recorded == meta.get("uid"):
         return True
-    return any(r.get("controller") and r.get("uid") == uid
-               for r in namespace["metadata"].get("ownerReferences") or [])
+    uid = teamspace["metadata"].get("uid")
+    controlled = any(r.get("controller") and r.get("uid") == uid
+                     for r in meta.get("ownerReferences") or [])
+    return controlled and not _foreign_metadata(teamspace, namespace)
+
+
+def _foreign_metadata(teamspace: dict, namespace: dict) -> dict:
+    """The labels and annotations of a namespace that the controller does not set."""
+    meta = namespace["metadata"]
+    ours = {LABEL: teamspace["metadata"]["name"], "kubernetes.io/metadata.name": meta.get("name")}
+    foreign = {k: v for k, v in (meta.get("labels") or {}).items() if ours.get(k) != v}
+    foreign.update(meta.get("annotations") or {})
+    return foreign
 
 
 def _ready(teamspace: dict, ok: bool, reason: str, message: str, now: str) -> dict:

@@ -114,3 +114,29 @@ def test_quota_cpu_compares_as_the_server_stores_it(spec, stored):
     # What kube-apiserver 1.36 stored for each value (kubectl create --dry-run=server).
     assert p.quota_matches({"pods": "4", "requests.cpu": stored}, {"pods": "4", "requests.cpu": spec})
     assert not p.quota_matches({"pods": "4", "requests.cpu": "2"}, {"pods": "4", "requests.cpu": spec})
+
+
+def test_an_unrecorded_namespace_controlled_by_us_and_as_we_make_it_is_ours():
+    # Created by a pass that ended before its status write: the next pass adopts it.
+    plan = p.plan(ts(), ns(uid="ns-new"), quota(), NOW)
+    assert [(w["step"], w["op"]) for w in plan] == [("status", "replace")]
+    assert plan[0]["object"]["status"]["namespaceUID"] == "ns-new"
+
+
+@pytest.mark.parametrize("status", [None, converged_status()])
+def test_a_forged_namespace_with_our_reference_and_labels_of_its_own_is_not_ours(status):
+    """team-a made by somebody else (first, or after ours was deleted) with an ownerReference
+    copied from the TeamSpace's public uid and labels of their own: refused, never adopted."""
+    forged = ns(uid="ns-forged", **{"pod-security.kubernetes.io/enforce": "privileged"})
+    plan = p.plan(ts(status=status), forged, None, NOW)
+    assert [(w["step"], w["op"]) for w in plan] == [("problem", "report"), ("status", "replace")]
+    assert plan[0]["event"]["reason"] == p.NAMESPACE_NOT_OURS
+    assert "pod-security.kubernetes.io/enforce" in plan[0]["event"]["message"]
+    annotated = ns(uid="ns-forged")
+    annotated["metadata"]["annotations"] = {"scheduler.alpha.kubernetes.io/node-selector": "x=y"}
+    assert p.plan(ts(status=status), annotated, None, NOW)[0]["event"]["reason"] == p.NAMESPACE_NOT_OURS
+
+
+def test_our_recorded_namespace_may_carry_labels_its_team_added():
+    team = ns(**{"pod-security.kubernetes.io/enforce": "restricted"})
+    assert p.plan(ts(status=converged_status()), team, quota(), NOW) == []
