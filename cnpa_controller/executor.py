@@ -97,11 +97,19 @@ def archive_configmap(teamspace: str, uid: str, record: str, namespace: str) -> 
     """The cluster's copy of an archive record: one ConfigMap per deleted TeamSpace (by uid, so a
     second TeamSpace of the same name gets its own), labelled with the TeamSpace's name so that
     `kubectl get configmaps -n NAMESPACE -l platform.labhub.io/archived-teamspace=NAME` finds
-    every record of that name."""
+    every record of that name. Immutable: its data can never be changed, only the whole record
+    deleted (the role's admission policy refuses the rest, and any create but the controller's)."""
     return {"apiVersion": "v1", "kind": "ConfigMap",
             "metadata": {"name": f"archive-{uid}", "namespace": namespace,
                          "labels": {MANAGED_BY[0]: MANAGED_BY[1], ARCHIVE_LABEL: teamspace[:63]}},
-            "data": {f"{teamspace}.json": record + "\n"}}
+            "data": {f"{teamspace}.json": record + "\n"}, "immutable": True}
+
+
+def same_record(have: dict, want: dict) -> bool:
+    """An archive ConfigMap found in place is this record: the same data, labelled as ours."""
+    labels = (have.get("metadata") or {}).get("labels") or {}
+    return (have.get("data") == want["data"]
+            and all(labels.get(k) == v for k, v in want["metadata"]["labels"].items()))
 
 
 def request_of(write: dict, written: dict) -> tuple[str, str, str | None, object]:
@@ -127,6 +135,11 @@ def request_of(write: dict, written: dict) -> tuple[str, str, str | None, object
             body = [{"op": "test", "path": "/metadata/uid", "value": write["uid"]}, *body]
         return "PATCH", path_of(obj, subresource=sub), CONTENT_TYPES[write["patch_type"]], body
     raise ValueError(f"the plan has a verb this executor does not know: {verb!r}")
+
+
+def _short_json(value: object) -> str:
+    text = json.dumps(value, sort_keys=True, ensure_ascii=False)
+    return text if len(text) <= 200 else f"{text[:200]}... ({len(text)} characters)"
 
 
 def is_conflict(exc: ApiError) -> bool:
@@ -357,21 +370,39 @@ class Executor:
                             now: str) -> None:
         """With several controller hosts, the host that archived a deletion may die right after
         releasing the finalizer, and its disk with it: the record is also kept in the cluster,
-        as ConfigMap archive-UID in the archive namespace, before the release. A record already
-        there (an earlier pass, another host) is the record: AlreadyExists is success."""
+        as ConfigMap archive-UID in the archive namespace, before the release. One already there
+        (an earlier pass, another host) is read and must be this record: a ConfigMap of that
+        name with other content (made by somebody else, or before the policy protected them) is
+        no record of this deletion, and the finalizer stays until it is removed."""
         if not self.archive_namespace:
             return
         name, uid = w["teamspace"], w["uid"]
         obj = archive_configmap(name, uid, record, self.archive_namespace)
+        where = f"ConfigMap {self.archive_namespace}/{obj['metadata']['name']}"
         self._check_leader()
         try:
             self.api.request("POST", path_of(obj, collection=True), body=obj)
         except ApiError as exc:
-            if exc.reason == "AlreadyExists":
+            if exc.reason != "AlreadyExists":
+                self._fail(w, result, failures, ARCHIVE_FAILED,
+                           f"cannot keep the archive record in {where} ({exc}); keeping the "
+                           "finalizer, deletion waits", now)
                 return
-            self._fail(w, result, failures, ARCHIVE_FAILED,
-                       f"cannot keep the archive record in ConfigMap {self.archive_namespace}/"
-                       f"{obj['metadata']['name']} ({exc}); keeping the finalizer, deletion waits", now)
+            try:
+                have = self.api.request("GET", path_of(obj))
+            except ApiError as exc2:
+                self._fail(w, result, failures, ARCHIVE_FAILED,
+                           f"{where} exists and cannot be read ({exc2}); keeping the finalizer, "
+                           "deletion waits", now)
+                return
+            if not same_record(have, obj):
+                self._fail(w, result, failures, cnpa_plan.ARCHIVE_RECORD_MISMATCH,
+                           f"{where} exists but is not this deletion's record (it holds "
+                           f"{_short_json(have.get('data'))}, labels "
+                           f"{_short_json((have.get('metadata') or {}).get('labels'))}); not "
+                           "trusting it: keeping the finalizer until it is removed (kubectl "
+                           f"delete configmap -n {self.archive_namespace} "
+                           f"{obj['metadata']['name']})", now)
             return
         result.writes += 1
         self.count("cnpa_writes_total", {"step": "archive", "op": "configmap"})

@@ -287,3 +287,57 @@ def test_a_renewed_token_file_is_used_once_the_old_token_is_revoked(host, start_
             what=f"the change after renewal {renewal} served")
         wait_ready(host, "ctl-token")
     assert c.proc.poll() is None, c.err()
+
+
+def test_a_forged_archive_configmap_is_not_taken_for_the_record(host, start_controller):
+    """archive-UID made beforehand by someone who may create ConfigMaps there (uids are public):
+    the deletion waits with a Warning Event instead of being released on a record it did not
+    write; once that ConfigMap is removed, the real record is kept and the deletion goes on."""
+    ns = "ctl-forged-archive"
+    if not host.exists("namespace", ns):
+        host.kubectl("create", "namespace", ns)
+    start_controller("forgedarchive", CNPA_ARCHIVE_NAMESPACE=ns)
+    host.apply(teamspace("ctl-forged-cm", pods=3))
+    uid = wait_ready(host, "ctl-forged-cm")["metadata"]["uid"]
+    host.apply({"apiVersion": "v1", "kind": "ConfigMap",
+                "metadata": {"name": f"archive-{uid}", "namespace": ns,
+                             "labels": {"platform.labhub.io/archived-teamspace": "ctl-forged-cm",
+                                        "app.kubernetes.io/managed-by": "cnpa-op"}},
+                "data": {"ctl-forged-cm.json": json.dumps({"name": "ctl-forged-cm", "uid": uid,
+                                                           "pods": 50}) + "\n"}})
+    host.kubectl("delete", "teamspace", "ctl-forged-cm", "--wait=false")
+    [event] = wait_for(lambda: events(host, "ctl-forged-cm", "ArchiveRecordMismatch"), timeout=60,
+                       what="the ArchiveRecordMismatch Event")
+    assert event["type"] == "Warning" and f"archive-{uid}" in event["message"]
+    assert FINALIZER in get_or_none(host, "teamspace", "ctl-forged-cm")["metadata"]["finalizers"]
+    host.kubectl("delete", "configmap", f"archive-{uid}", "-n", ns)
+    wait_for(lambda: get_or_none(host, "teamspace", "ctl-forged-cm") is None, timeout=90,
+             what="TeamSpace ctl-forged-cm gone once the forged ConfigMap is removed")
+    cm = host.get("configmap", f"archive-{uid}", "-n", ns)
+    assert json.loads(cm["data"]["ctl-forged-cm.json"])["pods"] == 3
+    assert cm.get("immutable") is True
+
+
+def test_a_namespace_with_a_forged_owner_reference_is_not_adopted(host, start_controller):
+    """team-NAME deleted, then made again by somebody else before the controller could, with an
+    ownerReference copied from the TeamSpace (its uid is public) and a label of their own:
+    refused with a Warning Event and Ready False; no quota is put into it."""
+    c = start_controller("forgedns")
+    host.apply(teamspace("ctl-forged-ns", pods=3))
+    t = wait_ready(host, "ctl-forged-ns")
+    c.stop()
+    host.kubectl("delete", "namespace", "team-ctl-forged-ns", "--timeout=120s")
+    ref = {"apiVersion": "platform.labhub.io/v1alpha1", "kind": "TeamSpace", "name": "ctl-forged-ns",
+           "uid": t["metadata"]["uid"], "controller": True, "blockOwnerDeletion": True}
+    host.apply({"apiVersion": "v1", "kind": "Namespace",
+                "metadata": {"name": "team-ctl-forged-ns", "ownerReferences": [ref],
+                             "labels": {LABEL: "ctl-forged-ns",
+                                        "pod-security.kubernetes.io/enforce": "privileged"}}})
+    start_controller("forgedns2")
+    [event] = wait_for(lambda: events(host, "ctl-forged-ns", "NamespaceNotOurs"), timeout=60,
+                       what="the NamespaceNotOurs Event")
+    assert event["type"] == "Warning" and "pod-security.kubernetes.io/enforce" in event["message"]
+    got = get_or_none(host, "teamspace", "ctl-forged-ns")
+    ready = next(c for c in got["status"]["conditions"] if c["type"] == "Ready")
+    assert (ready["status"], ready["reason"]) == ("False", "NamespaceNotOurs")
+    assert quota_hard(host, "ctl-forged-ns") is None

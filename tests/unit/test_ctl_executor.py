@@ -12,7 +12,7 @@ import pytest
 
 import cnpa_plan
 from cnpa_controller import ApiError
-from cnpa_controller.executor import Executor, event_name, request_of
+from cnpa_controller.executor import Executor, archive_configmap, event_name, request_of
 
 NOW = "2026-01-01T00:00:00Z"
 FIN = cnpa_plan.FINALIZER
@@ -35,10 +35,11 @@ class FakeApi:
     """Answers every write with the object it was sent (kind, a new resourceVersion and uid);
     `fail` maps (method, path) to the ApiError to raise instead."""
 
-    def __init__(self, fail=None, on_request=None):
+    def __init__(self, fail=None, on_request=None, answers=None):
         self.calls = []
         self.fail = fail or {}
         self.on_request = on_request
+        self.answers = answers or {}  # (method, path) -> the object to answer with
         self.rv = 100
 
     def request(self, method, path, *, body=None, content_type=None, **kw):
@@ -48,6 +49,8 @@ class FakeApi:
         err = self.fail.get((method, path))
         if err is not None:
             raise err
+        if (method, path) in self.answers:
+            return json.loads(json.dumps(self.answers[(method, path)]))
         self.rv += 1
         if method == "PATCH":
             kind = "ResourceQuota" if "resourcequotas" in path else "TeamSpace"
@@ -279,11 +282,42 @@ def test_a_record_the_cluster_cannot_keep_keeps_the_finalizer(tmp_path):
 
 
 def test_a_record_already_in_the_cluster_is_the_record(tmp_path):
-    api = FakeApi(fail={("POST", CM_PATH): ApiError(409, "AlreadyExists", "exists")})
+    """Made by an earlier pass or another host: read, found to be this record, and released."""
+    record = '{"name":"a","uid":"u-1","pods":3}'
+    there = archive_configmap("a", "u-1", record, "cnpa-system")
+    api = FakeApi(fail={("POST", CM_PATH): ApiError(409, "AlreadyExists", "exists")},
+                  answers={("GET", f"{CM_PATH}/archive-u-1"): there})
     result, _, _ = run(api, teamspace(finalizers=[FIN], deleting=True), tmp_path=tmp_path,
                        archive_namespace="cnpa-system")
     assert ("PATCH", TS_PATH) in api.writes()
     assert not result.failed
+
+
+@pytest.mark.parametrize("change", ["data", "labels"])
+def test_a_configmap_in_place_that_is_not_the_record_keeps_the_finalizer(tmp_path, change):
+    """archive-UID made beforehand by somebody else (uids are public), or edited: not trusted
+    as the record of this deletion; a Warning Event says which ConfigMap to remove."""
+    forged = archive_configmap("a", "u-1", '{"name":"a","uid":"u-1","pods":99}', "cnpa-system")
+    if change == "labels":
+        forged = archive_configmap("a", "u-1", '{"name":"a","uid":"u-1","pods":3}', "cnpa-system")
+        del forged["metadata"]["labels"]["platform.labhub.io/archived-teamspace"]
+    api = FakeApi(fail={("POST", CM_PATH): ApiError(409, "AlreadyExists", "exists")},
+                  answers={("GET", f"{CM_PATH}/archive-u-1"): forged})
+    result, said, _ = run(api, teamspace(finalizers=[FIN], deleting=True), tmp_path=tmp_path,
+                          archive_namespace="cnpa-system")
+    assert result.failed and "finalizer released" not in said
+    assert ("PATCH", TS_PATH) not in api.writes()
+    [event] = [b for m, p, _, b in api.calls if p.endswith("/events")]
+    assert (event["type"], event["reason"]) == ("Warning", "ArchiveRecordMismatch")
+    assert "kubectl delete configmap -n cnpa-system archive-u-1" in event["message"]
+
+
+def test_the_record_in_the_cluster_is_immutable(tmp_path):
+    api = FakeApi()
+    run(api, teamspace(finalizers=[FIN], deleting=True), tmp_path=tmp_path,
+        archive_namespace="cnpa-system")
+    [body] = [b for m, p, _, b in api.calls if (m, p) == ("POST", CM_PATH)]
+    assert body["immutable"] is True
 
 
 def test_a_teamspace_gone_when_written_is_no_failure_and_no_event(tmp_path):
