@@ -11,7 +11,7 @@ Every process keeps its caches warm, leader or not, so a process that becomes th
 every TeamSpace and reconciles at once, without listing anything.
 
 Metrics: the names and labels are metrics.KNOWN's (cnpa_passes_total, cnpa_reconciles_total{result},
-cnpa_writes_total{step,op}, cnpa_errors_total{reason}, cnpa_queue_depth, cnpa_queue_delayed,
+cnpa_writes_total{step,op}, cnpa_errors_total{reason}, cnpa_queue_depth, cnpa_queue_timers,
 cnpa_last_successful_sync_timestamp_seconds, cnpa_leader).
 """
 
@@ -198,7 +198,7 @@ class Controller:
             finally:
                 self.queue.done(name)
                 self.metrics.set("cnpa_queue_depth", len(self.queue))
-                self.metrics.set("cnpa_queue_delayed", self.queue.delayed())
+                self.metrics.set("cnpa_queue_timers", self.queue.timers())
 
     def resync(self) -> None:
         """Every resync period, every TeamSpace is queued: a change no event reported (or one

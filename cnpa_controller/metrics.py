@@ -16,8 +16,8 @@ What the controller exports:
 - cnpa_errors_total{reason} (counter): failures, by reason (the plan's and the executor's Event
   reasons, api, conflict, ...).
 - cnpa_queue_depth (gauge): TeamSpaces waiting in the work queue.
-- cnpa_queue_delayed (gauge): TeamSpaces waiting for a delayed retry (one timer each; a count that
-  grows with uptime is a leak).
+- cnpa_queue_timers (gauge): delayed retries pending (at most one that counts per TeamSpace, plus
+  superseded ones until they are due; a count that grows with uptime is a leak).
 - cnpa_last_successful_sync_timestamp_seconds (gauge): Unix time of the caches' sync or of the
   last TeamSpace reconciled without failure.
 - cnpa_leader (gauge): 1 while this process holds the Lease and may write, else 0.
@@ -46,7 +46,7 @@ KNOWN: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "cnpa_writes_total": ("counter", "API writes sent, by plan step and operation.", ("step", "op")),
     "cnpa_errors_total": ("counter", "Failures, by reason.", ("reason",)),
     "cnpa_queue_depth": ("gauge", "TeamSpaces waiting in the work queue.", ()),
-    "cnpa_queue_delayed": ("gauge", "TeamSpaces waiting for a delayed retry (one timer each).", ()),
+    "cnpa_queue_timers": ("gauge", "Delayed retries pending, superseded ones included.", ()),
     "cnpa_last_successful_sync_timestamp_seconds": (
         "gauge", "Unix time of the caches' sync or of the last TeamSpace reconciled without failure.", ()),
     "cnpa_leader": ("gauge", "1 while this process holds the Lease and may write, else 0.", ()),

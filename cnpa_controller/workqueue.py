@@ -136,3 +136,8 @@ class WorkQueue:
         """Names waiting for a delayed add (at most one timer each)."""
         with self._cond:
             return len(self._waiting)
+
+    def timers(self) -> int:
+        """Delayed adds pending, superseded ones included (they are dropped when due)."""
+        with self._cond:
+            return len(self._later)

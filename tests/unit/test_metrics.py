@@ -15,7 +15,7 @@ from cnpa_controller import metrics as metrics_mod
 from cnpa_controller.metrics import Metrics
 
 DOCUMENTED = ("cnpa_passes_total", "cnpa_reconciles_total", "cnpa_writes_total", "cnpa_errors_total",
-              "cnpa_queue_depth", "cnpa_queue_delayed", "cnpa_last_successful_sync_timestamp_seconds",
+              "cnpa_queue_depth", "cnpa_queue_timers", "cnpa_last_successful_sync_timestamp_seconds",
               "cnpa_leader")
 
 
