@@ -297,24 +297,24 @@ def test_a_forged_archive_configmap_is_not_taken_for_the_record(host, start_cont
     if not host.exists("namespace", ns):
         host.kubectl("create", "namespace", ns)
     start_controller("forgedarchive", CNPA_ARCHIVE_NAMESPACE=ns)
-    host.apply(teamspace("ctl-forged-cm", pods=3))
-    uid = wait_ready(host, "ctl-forged-cm")["metadata"]["uid"]
+    name = f"ctl-forged-cm-{int(time.time()) % 100000}"  # a new one on a reused host
+    host.apply(teamspace(name, pods=3))
+    uid = wait_ready(host, name)["metadata"]["uid"]
     host.apply({"apiVersion": "v1", "kind": "ConfigMap",
                 "metadata": {"name": f"archive-{uid}", "namespace": ns,
-                             "labels": {"platform.labhub.io/archived-teamspace": "ctl-forged-cm",
+                             "labels": {"platform.labhub.io/archived-teamspace": name,
                                         "app.kubernetes.io/managed-by": "cnpa-op"}},
-                "data": {"ctl-forged-cm.json": json.dumps({"name": "ctl-forged-cm", "uid": uid,
-                                                           "pods": 50}) + "\n"}})
-    host.kubectl("delete", "teamspace", "ctl-forged-cm", "--wait=false")
-    [event] = wait_for(lambda: events(host, "ctl-forged-cm", "ArchiveRecordMismatch"), timeout=60,
+                "data": {f"{name}.json": json.dumps({"name": name, "uid": uid, "pods": 50}) + "\n"}})
+    host.kubectl("delete", "teamspace", name, "--wait=false")
+    [event] = wait_for(lambda: events(host, name, "ArchiveRecordMismatch"), timeout=60,
                        what="the ArchiveRecordMismatch Event")
     assert event["type"] == "Warning" and f"archive-{uid}" in event["message"]
-    assert FINALIZER in get_or_none(host, "teamspace", "ctl-forged-cm")["metadata"]["finalizers"]
+    assert FINALIZER in get_or_none(host, "teamspace", name)["metadata"]["finalizers"]
     host.kubectl("delete", "configmap", f"archive-{uid}", "-n", ns)
-    wait_for(lambda: get_or_none(host, "teamspace", "ctl-forged-cm") is None, timeout=90,
-             what="TeamSpace ctl-forged-cm gone once the forged ConfigMap is removed")
+    wait_for(lambda: get_or_none(host, "teamspace", name) is None, timeout=90,
+             what=f"TeamSpace {name} gone once the forged ConfigMap is removed")
     cm = host.get("configmap", f"archive-{uid}", "-n", ns)
-    assert json.loads(cm["data"]["ctl-forged-cm.json"])["pods"] == 3
+    assert json.loads(cm["data"][f"{name}.json"])["pods"] == 3
     assert cm.get("immutable") is True
 
 
@@ -323,21 +323,22 @@ def test_a_namespace_with_a_forged_owner_reference_is_not_adopted(host, start_co
     ownerReference copied from the TeamSpace (its uid is public) and a label of their own:
     refused with a Warning Event and Ready False; no quota is put into it."""
     c = start_controller("forgedns")
-    host.apply(teamspace("ctl-forged-ns", pods=3))
-    t = wait_ready(host, "ctl-forged-ns")
+    name = f"ctl-forged-ns-{int(time.time()) % 100000}"  # a new one on a reused host
+    host.apply(teamspace(name, pods=3))
+    t = wait_ready(host, name)
     c.stop()
-    host.kubectl("delete", "namespace", "team-ctl-forged-ns", "--timeout=120s")
-    ref = {"apiVersion": "platform.labhub.io/v1alpha1", "kind": "TeamSpace", "name": "ctl-forged-ns",
+    host.kubectl("delete", "namespace", f"team-{name}", "--timeout=120s")
+    ref = {"apiVersion": "platform.labhub.io/v1alpha1", "kind": "TeamSpace", "name": name,
            "uid": t["metadata"]["uid"], "controller": True, "blockOwnerDeletion": True}
     host.apply({"apiVersion": "v1", "kind": "Namespace",
-                "metadata": {"name": "team-ctl-forged-ns", "ownerReferences": [ref],
-                             "labels": {LABEL: "ctl-forged-ns",
+                "metadata": {"name": f"team-{name}", "ownerReferences": [ref],
+                             "labels": {LABEL: name,
                                         "pod-security.kubernetes.io/enforce": "privileged"}}})
     start_controller("forgedns2")
-    [event] = wait_for(lambda: events(host, "ctl-forged-ns", "NamespaceNotOurs"), timeout=60,
+    [event] = wait_for(lambda: events(host, name, "NamespaceNotOurs"), timeout=60,
                        what="the NamespaceNotOurs Event")
     assert event["type"] == "Warning" and "pod-security.kubernetes.io/enforce" in event["message"]
-    got = get_or_none(host, "teamspace", "ctl-forged-ns")
+    got = get_or_none(host, "teamspace", name)
     ready = next(c for c in got["status"]["conditions"] if c["type"] == "Ready")
     assert (ready["status"], ready["reason"]) == ("False", "NamespaceNotOurs")
-    assert quota_hard(host, "ctl-forged-ns") is None
+    assert quota_hard(host, name) is None
