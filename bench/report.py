@@ -149,6 +149,24 @@ def watch_ratios(results: dict) -> list[str]:
     return out
 
 
+def delete_table(results: dict) -> list[str]:
+    """N deletions: time until all archived, released and gone, against the floor's."""
+    by = runs_by(results)
+    out = ["| N | controller | delete requests sent (s) | all gone (s) | / floor | control plane CPU (s) "
+           "| load (1 / 5 min) |", "|---:|---|---:|---:|---:|---|---|"]
+    for n in results["sizes"]:
+        floor = ((by.get(("floor", n)) or {}).get("delete") or {}).get("delete_s")
+        for c in CTLS:
+            d = (by.get((c, n)) or {}).get("delete")
+            if not d:
+                continue
+            cpu = ", ".join(f"{k} {v}" for k, v in (d.get("server_cpu_s") or {}).items())
+            out.append(f"| {n} | {c} | {fmt(d.get('requests_s'), 1)} | {fmt(d.get('delete_s'), 1)} "
+                       f"| {ratio(d.get('delete_s'), floor) if c != 'floor' else '-'} | {cpu} "
+                       f"| {load(by[(c, n)])} |")
+    return out
+
+
 def server_table(results: dict) -> list[str]:
     """What the server did while N TeamSpaces converged: CPU seconds of its processes and who
     wrote (audit log). The floor's row says what bounds the floor."""
@@ -502,6 +520,16 @@ def write_report(results: dict, docs: Path, command: str) -> None:
         "the other way round, how far above the floor it is).",
         "",
         *watch_ratios(results),
+        "",
+        "## Mass deletion",
+        "",
+        "Last in each row, with the controller running: every one of its N TeamSpaces deleted (8",
+        "requests in parallel), timed until none is left, each archived (the watch controller and",
+        "the floor: on disk and as a ConfigMap) and its finalizer released. The floor sends, for",
+        "each deletion as soon as it is answered, the writes the plan gives for it, through the",
+        "watch controller's executor (32 in flight).",
+        "",
+        *delete_table(results),
         "",
         "## What the server did while N TeamSpaces converged",
         "",

@@ -23,11 +23,15 @@ measures:
   ready      create one more TeamSpace at a random moment, time until its status is written for
              its generation (status is the last write, after namespace and quota);
   idle       kopf and watch have no passes: requests, writes and CPU over an idle window.
+  delete     last, the service running, every one of the N TeamSpaces deleted (8 requests in
+             parallel, as created): time until all are archived, released and gone.
 Two more rows that are not controllers:
   floor      the same TeamSpace creates and the same finalizer, namespace, quota and status writes
              (cnpa_plan.plan() of each created TeamSpace, sent as the watch controller's executor
              sends them) from one client with nothing to read or decide: the host's floor for
-             "N new TeamSpaces converged";
+             "N new TeamSpaces converged"; then the N deletions, each followed at once by the
+             writes the plan gives for it (archive record on disk and as a ConfigMap, finalizer
+             released), by the watch controller's executor: the floor for "N deletions done";
   watch-ha   three watch controllers with leader election on one Lease; the leader is SIGKILLed,
              a TeamSpace's spec is changed right after: time until that change is reconciled.
 Every run records the machine's load average (os.getloadavg, as `uptime` shows it) before and after.
@@ -44,6 +48,7 @@ import hashlib
 import json
 import os
 import random
+import shutil
 import signal
 import socket
 import subprocess
@@ -64,7 +69,7 @@ from kubernetes.client.rest import ApiException  # noqa: E402
 import cnpa_plan  # noqa: E402
 from cnpa_controller import Api, ApiError  # noqa: E402
 from cnpa_controller.controller import Settings  # noqa: E402
-from cnpa_controller.executor import request_of  # noqa: E402
+from cnpa_controller.executor import Executor, request_of  # noqa: E402
 from testhost import instance as testhost  # noqa: E402
 
 GROUP, VERSION, PLURAL = "platform.labhub.io", "v1alpha1", "teamspaces"
@@ -93,6 +98,9 @@ RESYNC_SECONDS = Settings.resync_seconds  # the watch controller's default, as i
 FRESH_HOST_FROM = 1000
 WATCH_AGENT = "cnpa-controller/"  # its user agent (cnpa-controller/IDENTITY), as the audit shows
 HA_LEASE = "cnpa-op-bench"
+# The watch controller keeps every archive record in the cluster too, as the role installs it
+# (cnpa_controller_archive_configmaps); the floor's deletions write the same ConfigMaps.
+ARCHIVE_NAMESPACE = "cnpa-bench-archive"
 # The naive baseline takes minutes per pass at N = 200 (hours to converge 1,000). The 3 s loop fits
 # up to about 1,000: at 5,000 its idle pass alone (3.5 s, issue 13) is longer than its sleep.
 MAX_N = {"naive": 200, "reconcile.sh": 1000}
@@ -203,6 +211,7 @@ class Bench:
         self.put(f"{BENCH_DIR}/naive_reconcile.sh", (ROOT / "bench/naive_reconcile.sh").read_text(),
                  "0755")
         self.put(f"{BENCH_DIR}/pass_probe.py", (ROOT / "bench/pass_probe.py").read_text())
+        self.sh(f"kubectl get namespace {ARCHIVE_NAMESPACE} || kubectl create namespace {ARCHIVE_NAMESPACE}")
         self.put("/etc/systemd/system/cnpa-op.service", self.unit("/root/cnpa-op/reconcile.sh"))
         self.put("/etc/systemd/system/cnpa-naive.service",
                  self.unit(f"{BENCH_DIR}/naive_reconcile.sh"))
@@ -437,7 +446,8 @@ class Bench:
         archive.mkdir(parents=True, exist_ok=True)  # it must exist (exit 4 otherwise)
         err = Path(f"/tmp/cnpa-bench-watch/{identity}/stderr.log")
         env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "KUBECONFIG": str(self.inst.kubeconfig),
-               "CNPA_ARCHIVE_DIR": str(archive), "CNPA_LEADER_ELECTION": "1",
+               "CNPA_ARCHIVE_DIR": str(archive), "CNPA_ARCHIVE_NAMESPACE": ARCHIVE_NAMESPACE,
+               "CNPA_LEADER_ELECTION": "1",
                "CNPA_LEASE_NAME": lease, "CNPA_LEASE_IDENTITY": identity, **(extra_env or {})}
         with open(err.with_name("stdout.log"), "ab") as out, open(err, "wb") as errf:
             self.watch_procs[identity] = subprocess.Popen(
@@ -576,6 +586,29 @@ class Bench:
         res["converge_server_cpu_s"] = {k: round(cpu1[k] - cpu0.get(k, 0), 2) for k in cpu1}
         res["converge_writes_by_user"] = self.writes_by_user(off)
 
+    def delete_all(self, ctl: str, prefix: str, n: int, send=None) -> dict:
+        """N TeamSpaces deleted (8 requests in parallel, as they were created) -> every one
+        archived, released and gone. Besides the time, the server's CPU and who wrote meanwhile."""
+        off, cpu0, t0 = self.audit_offset(), self.server_cpu(), time.monotonic()
+
+        def one(i: int) -> None:
+            self.api.request("DELETE", f"/apis/{GROUP}/{VERSION}/{PLURAL}/{prefix}{i:03d}")
+
+        if send is None:
+            with ThreadPoolExecutor(8) as pool:
+                list(pool.map(one, range(n)))
+        else:
+            send(prefix, n)
+        res = {"requests_s": round(time.monotonic() - t0, 3)}
+        self.wait(lambda: not self.teamspaces(prefix), 900, f"{ctl} N={n}: every deletion done",
+                  interval=max(0.2, n / 2000))
+        res["delete_s"] = round(time.monotonic() - t0, 3)
+        cpu1 = self.server_cpu()
+        res["server_cpu_s"] = {k: round(cpu1[k] - cpu0.get(k, 0), 2) for k in cpu1}
+        res["writes_by_user"] = self.writes_by_user(off)
+        log(f"{ctl} N={n}: {n} deletions done in {res['delete_s']} s")
+        return res
+
     def wait_quiet(self) -> dict:
         """Until nobody but Lease holders has written for QUIET_FOR s (bounded by QUIET_BOUND):
         how long that took and who wrote meanwhile (the audit log records every user's writes)."""
@@ -653,6 +686,7 @@ class Bench:
             res["ready_s"] = self.ready_trials(ctl, f"{tag}{n}n-", budget, 300)
         if ctl in EVENT_DRIVEN:
             res["idle"] = self.idle_window(ctl, n)
+            res["delete"] = self.delete_all(ctl, prefix, n)
             self.stop(ctl)
         else:
             self.stop(ctl)
@@ -668,6 +702,11 @@ class Bench:
                                                         {"spec": {"pods": 1 + (t["spec"]["pods"] % 50)}})
             res["work"] = self.probe_pass(ctl)
             res["work"]["converged_after"] = self.converged(prefix, n)
+            if ctl == "reconcile.sh":
+                self.start(ctl)
+                self.wait(lambda: self.converged(prefix, n), 300, f"{ctl} N={n} converged again")
+                res["delete"] = self.delete_all(ctl, prefix, n)
+                self.stop(ctl)
         log(f"{ctl} N={n}: {json.dumps({k: v for k, v in res.items() if k not in ('restore_s', 'ready_s')})}")
         self.cleanup(prefix)
         self.cleanup(f"{tag}{n}n-")
@@ -701,9 +740,30 @@ class Bench:
                 list(pool.map(one, range(n)))
         self.converge("floor", prefix, n, res, send=send)
         res["writes_per_teamspace"] = round(sent["requests"] / n, 2)
+        res["delete"] = self.delete_all("floor", prefix, n, send=self.floor_deletions)
         log(f"floor N={n}: {json.dumps(res)}")
         self.cleanup(prefix)
         return res
+
+    def floor_deletions(self, prefix: str, n: int) -> None:
+        """The floor of N deletions: each TeamSpace deleted and, as soon as the answer says it
+        waits for our finalizer, the writes the plan gives for it (its archive record on this
+        machine's disk, flushed, and in a ConfigMap; the finalizer released), sent by the watch
+        controller's executor: nothing listed, watched or queued. FLOOR_IN_FLIGHT at a time."""
+        archive = Path("/tmp/cnpa-bench-floor-archive")
+        shutil.rmtree(archive, ignore_errors=True)
+        archive.mkdir(parents=True)
+        executor = Executor(self.api, archive_dir=str(archive), archive_namespace=ARCHIVE_NAMESPACE)
+
+        def one(i: int) -> None:
+            ts = self.api.request("DELETE", f"/apis/{GROUP}/{VERSION}/{PLURAL}/{prefix}{i:03d}")
+            now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+            result = executor.execute(ts, cnpa_plan.plan(ts, None, None, now), now)
+            if result.failed:
+                raise ApiError(0, "", f"floor deletion of {prefix}{i:03d}: {result.errors}")
+
+        with ThreadPoolExecutor(FLOOR_IN_FLIGHT) as pool:
+            list(pool.map(one, range(n)))
 
     def lease_holder(self) -> str:
         lease = self.api.request("GET", f"/apis/coordination.k8s.io/v1/namespaces/default/leases/{HA_LEASE}")
