@@ -60,16 +60,22 @@ def built() -> bool:
 
 def build(force: bool = False) -> Path:
     """Return the directory holding the binaries, building them if the cache lacks them."""
-    release_dir().mkdir(parents=True, exist_ok=True)
-    with open(release_dir() / "build.lock", "w") as lock:
+    return _cached(release_dir(), f"the control plane {version()}", built, _build_locked, force)
+
+
+def _cached(where: Path, what: str, done, make, force: bool) -> Path:
+    """where/bin once done() says it is complete, made by make() under where/build.lock: two
+    processes asking at once build once, the second waits for the first."""
+    where.mkdir(parents=True, exist_ok=True)
+    with open(where / "build.lock", "w") as lock:
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            _wait_for_lock(lock, f"another process is building the control plane {version()}")
-        if built() and not force:
-            log(f"control plane {version()} cached in {bin_dir()}")
-            return bin_dir()
-        return _build_locked()
+            _wait_for_lock(lock, f"another process is building {what}")
+        if done() and not force:
+            log(f"{what} cached in {where / 'bin'}")
+            return where / "bin"
+        return make()
 
 
 def _wait_for_lock(lock, what: str, every: float = PROGRESS_SECONDS,
@@ -96,22 +102,35 @@ def _wait_for_lock(lock, what: str, every: float = PROGRESS_SECONDS,
 
 
 class _Go:
-    """The go command with the project's caches, run with progress lines and a log."""
+    """The go command with the project's caches, run with progress lines and a log.
 
-    def __init__(self) -> None:
+    The module cache is shared (Go locks it itself); the build cache is the caller's own, since
+    each build removes its build cache at the end and two builds may run at once. Without
+    cgo_cflags nothing is compiled with cgo; with them (kine's SQLite) cgo is on with those flags.
+    """
+
+    def __init__(self, gocache: Path | None = None, cgo_cflags: str | None = None) -> None:
         go = shutil.which("go") or ("/usr/local/go/bin/go" if Path("/usr/local/go/bin/go").exists()
                                     else None)
         if go is None:
             raise HostError("the go command is needed to build the control plane (Go >= 1.26, "
                             "as this project's machines have in /usr/local/go); none on PATH")
         self.go = go
-        self.gocache = cache_dir() / "go" / "build-cache"
+        self.gocache = gocache or cache_dir() / "go" / "build-cache"
         self.env = {
             "GOMODCACHE": str(cache_dir() / "go" / "mod"), "GOCACHE": str(self.gocache),
             # -modcacherw: the module cache can be deleted with a plain rm -rf.
             "GOFLAGS": "-mod=mod -modcacherw", "CGO_ENABLED": "0", "GOWORK": "off",
             "GO111MODULE": "on", "GOPATH": str(cache_dir() / "go" / "path"),
         }
+        if cgo_cflags is not None:
+            self.env |= {"CGO_ENABLED": "1", "CGO_CFLAGS": cgo_cflags}
+
+    def drop_build_cache(self) -> None:
+        if os.environ.get("CNPA_KEEP_GO_BUILD_CACHE") != "1":
+            log(f"removing Go's build cache {self.gocache} ({_size_mb(self.gocache)} MB; "
+                "CNPA_KEEP_GO_BUILD_CACHE=1 keeps it)")
+            shutil.rmtree(self.gocache, ignore_errors=True)
 
     def out(self, *args: str, cwd: Path, step: str, progress=None) -> str:
         return run([self.go, *args], step=step, cwd=cwd, env=self.env, quiet=True,
@@ -161,10 +180,7 @@ def _build_locked() -> Path:
     out = bin_dir()
     shutil.rmtree(out, ignore_errors=True)
     stage.rename(out)
-    if os.environ.get("CNPA_KEEP_GO_BUILD_CACHE") != "1":
-        log(f"removing Go's build cache ({_size_mb(go.gocache)} MB; CNPA_KEEP_GO_BUILD_CACHE=1 "
-            "keeps it)")
-        shutil.rmtree(go.gocache, ignore_errors=True)
+    go.drop_build_cache()
     log(f"built the control plane {v} (etcd v{etcd_version}) into {out} in "
         f"{(time.monotonic() - t0) / 60:.1f} min")
     return out
