@@ -17,6 +17,7 @@ import fcntl
 import hashlib
 import os
 import shutil
+import time
 from pathlib import Path
 
 from .build import _wait_for_lock
@@ -30,6 +31,7 @@ PACKAGES = [
     "ca-certificates", "iproute2", "procps", "curl", "less",
 ]
 FILES = Path(__file__).with_name("files")
+STALE_SECONDS = 24 * 3600
 
 
 def _check(suite: str) -> str:
@@ -123,6 +125,7 @@ def ensure(suite: str = SUITE) -> Path:
     dest = tarball(suite)
     if dest.exists():
         log(f"rootfs cached: {dest}")
+        os.utime(dest)  # in use: see _build
         return dest
     if os.geteuid() != 0:
         raise HostError("building the rootfs needs root")
@@ -149,8 +152,10 @@ def _build(suite: str, dest: Path) -> Path:
     _customise(tree)
     _pack(tree, dest)
     shutil.rmtree(tree)
+    # Tarballs of other keys go once unused for a day (ensure() marks each use): another
+    # checkout sharing the cache (other units in files/) may be unpacking its own right now.
     for old in cache_dir().glob(f"rootfs-{suite}-*.tar"):
-        if old != dest:
+        if old != dest and time.time() - old.stat().st_mtime > STALE_SECONDS:
             old.unlink()
     log(f"rootfs ready: {dest}")
     return dest
