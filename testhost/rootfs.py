@@ -5,7 +5,7 @@ the lab against the older release a real lab VM may run (its python3-kubernetes 
 kubernetes.core, its jq is 1.6). Each suite has its own tarballs; trixie's cache key is the one
 it had before suites existed.
 
-kubectl and etcd are not Debian's: each instance gets the ones built with its control plane
+kubectl, etcd and kine are not Debian's: each instance gets the ones built with its control plane
 (build.py), so kubectl inside the host is the server's version, as k3s bundles its own. The tree is
 debootstrapped once, given the host's unit files (see files/), and stored as a tarball keyed by
 a hash of everything that went into it, so editing files/ or the package list rebuilds it.
@@ -103,7 +103,8 @@ def _customise(tree: Path) -> None:
         key.unlink()
     wants = tree / "etc/systemd/system/multi-user.target.wants"
     wants.mkdir(parents=True, exist_ok=True)
-    for unit in ("etcd.service", "kube-apiserver.service", "kube-controller-manager.service"):
+    # The datastore (etcd.service or kine.service) is enabled per instance, at create time.
+    for unit in ("kube-apiserver.service", "kube-controller-manager.service"):
         link = wants / unit
         link.unlink(missing_ok=True)
         link.symlink_to(f"/etc/systemd/system/{unit}")
