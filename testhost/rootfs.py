@@ -153,10 +153,14 @@ def _build(suite: str, dest: Path) -> Path:
     _customise(tree)
     _pack(tree, dest)
     shutil.rmtree(tree)
-    # Tarballs of other keys go once unused for a day (ensure() marks each use): another
-    # checkout sharing the cache (other units in files/) may be unpacking its own right now.
+    _remove_unused(suite, dest)
+    log(f"rootfs ready: {dest}")
+    return dest
+
+
+def _remove_unused(suite: str, dest: Path) -> None:
+    """Remove the suite's tarballs of other keys once unused for a day (ensure() marks each use):
+    another checkout sharing the cache (other units in files/) may be unpacking its own now."""
     for old in cache_dir().glob(f"rootfs-{suite}-*.tar"):
         if old != dest and time.time() - old.stat().st_mtime > STALE_SECONDS:
             old.unlink()
-    log(f"rootfs ready: {dest}")
-    return dest
