@@ -10,10 +10,14 @@ release's generated sources (deepcopy, openapi) are committed upstream, so no co
 etcd is the version that release pins in its build/dependencies.yaml, built from
 `go.etcd.io/etcd/server/v3` in a module of its own (its dependency graph is not Kubernetes').
 
+kine (build_kine), the datastore of a single k3s server, is built the same way in a module of its
+own, with cgo for SQLite, for the hosts that store in it (instance.py, --datastore kine).
+
 Cache (under cnpa-op's cache directory): kubernetes-<version>/bin/ holds the four binaries,
-kubernetes-<version>/build/ the two build modules and their logs, go/ the Go module download
-cache (GOMODCACHE, 1.05 GB on 2026-12-04). Go's build cache is used only during the build and
-removed afterwards (about 3 GB); CNPA_KEEP_GO_BUILD_CACHE=1 keeps it.
+kubernetes-<version>/build/ the two build modules and their logs, kine-<version>/ the same for
+kine, go/ the Go module download cache (GOMODCACHE, 1.05 GB on 2026-12-04, shared by the
+builds). Go's build cache is used only during a build and removed afterwards (about 3 GB for the
+control plane); CNPA_KEEP_GO_BUILD_CACHE=1 keeps it.
 """
 
 from __future__ import annotations
