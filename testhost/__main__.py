@@ -16,7 +16,7 @@ from .common import HostError, log, require_root
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m testhost", description=__doc__)
     sub = parser.add_subparsers(dest="cmd", required=True)
-    sub.add_parser("build", help="build (or reuse) the cached control-plane binaries")
+    sub.add_parser("build", help="build (or reuse) the cached control-plane binaries and kine")
     p = sub.add_parser("rootfs", help="build (or reuse) the cached rootfs tarball")
     p.add_argument("--suite", choices=rootfs.SUITES, default=rootfs.SUITE,
                    help=f"Debian release of the rootfs (default {rootfs.SUITE})")
@@ -24,6 +24,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("name")
     p.add_argument("--suite", choices=rootfs.SUITES, default=rootfs.SUITE,
                    help=f"Debian release of its rootfs (default {rootfs.SUITE})")
+    p.add_argument("--datastore", choices=inst_mod.DATASTORES, default=None,
+                   help="where the API server stores: kine (SQLite, a single k3s server's "
+                   "default) or etcd (k3s HA's); default $CNPA_TESTHOST_DATASTORE, else "
+                   f"{inst_mod.DEFAULT_DATASTORE}")
+    p.add_argument("--compaction-interval", default=inst_mod.COMPACTION_INTERVAL,
+                   metavar="DURATION", help="kube-apiserver's --etcd-compaction-interval "
+                   f"(default {inst_mod.COMPACTION_INTERVAL}, the API server's own)")
     p.add_argument("--no-wait", action="store_true", help="return once systemd has booted")
     p = sub.add_parser("destroy", help="power off and remove a host, check nothing is left")
     p.add_argument("name")
@@ -43,11 +50,14 @@ def main(argv: list[str] | None = None) -> int:
         require_root()
         if args.cmd == "build":
             print(build_mod.build())
+            print(build_mod.build_kine())
         elif args.cmd == "rootfs":
             print(rootfs.ensure(args.suite))
         elif args.cmd == "create":
             t0 = time.monotonic()
-            inst = inst_mod.create(args.name, wait=not args.no_wait, suite=args.suite)
+            inst = inst_mod.create(args.name, wait=not args.no_wait, suite=args.suite,
+                                   datastore=args.datastore,
+                                   compaction_interval=args.compaction_interval)
             print(json.dumps(inst.info() | {"create_seconds": round(time.monotonic() - t0, 1)},
                              indent=2))
         elif args.cmd == "destroy":
@@ -71,7 +81,8 @@ def main(argv: list[str] | None = None) -> int:
             for state in sorted(inst_mod.instances_dir().glob("*/state.json")):
                 inst = inst_mod.Instance.load(state.parent.name)
                 print(f"{inst.name}\t{'running' if inst.running() else 'stopped'}\t"
-                      f"ssh={inst.ports.get('ssh')}\tapi={inst.ports.get('apiserver')}")
+                      f"ssh={inst.ports.get('ssh')}\tapi={inst.ports.get('apiserver')}\t"
+                      f"datastore={inst.datastore()}")
     except HostError as exc:
         log(f"error: {exc}")
         return 1

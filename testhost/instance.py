@@ -3,14 +3,18 @@
 Layout of an instance (under <cache>/instances/<name>/): rootfs/, state.json, ssh key pair,
 known_hosts, kubeconfig (copied out after first boot), inventory.ini, console.log.
 
-The instance shares the machine's network namespace, so every port it listens on (sshd, etcd,
-kube-apiserver, kube-controller-manager) is picked free on 127.0.0.1 at create time and recorded.
+The instance shares the machine's network namespace, so every port it listens on (sshd, its
+datastore, kube-apiserver, kube-controller-manager) is picked free on 127.0.0.1 at create time and
+recorded.
+
+The API server stores in one of two datastores, chosen at create time (DATASTORES).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -22,7 +26,20 @@ from pathlib import Path
 from . import build, rootfs
 from .common import HostError, apt_install, cache_dir, log, run
 
-PORT_NAMES = ("ssh", "apiserver", "etcd_client", "etcd_peer", "kcm")
+# Where the API server stores, as the k3s the lab's users run stores: "kine" is kine on SQLite,
+# a single k3s server's default datastore; "etcd" is etcd, which k3s HA embeds.
+DATASTORES = ("kine", "etcd")
+# The default is kine because the lab is made for a k3s VM, a single server, which keeps its
+# cluster in SQLite through kine; etcd stands for the HA k3s some platform teams run.
+# CNPA_TESTHOST_DATASTORE chooses for a whole run.
+DEFAULT_DATASTORE = "kine"
+DATASTORE_PORTS = {"kine": ("kine",), "etcd": ("etcd_client", "etcd_peer")}
+# kine's database inside the host, where a single k3s server has it (files/.../kine.service).
+KINE_DB = "/var/lib/rancher/k3s/server/db/state.db"
+# kube-apiserver's own default for --etcd-compaction-interval; with kine (whose own compaction is
+# off) it is what compacts the datastore. "0" turns compaction off.
+COMPACTION_INTERVAL = "5m"
+_GO_DURATION = re.compile(r"0|(\d+(\.\d+)?(ns|us|ms|s|m|h))+")
 CGROUP_ROOTS = (Path("/sys/fs/cgroup/unified"), Path("/sys/fs/cgroup/systemd"))
 BOOT_TIMEOUT = 60.0
 READY_TIMEOUT = 180.0
@@ -81,7 +98,8 @@ class Instance:
             "ssh_port": self.ports.get("ssh"), "ssh_user": "root", "ssh_key": str(self.key),
             "known_hosts": str(self.dir / "known_hosts"), "kubeconfig": str(self.kubeconfig),
             "inventory": str(self.inventory), "nspawn_pid": self.nspawn_pid, "pid1": self.pid1,
-            "suite": self.suite(),
+            "suite": self.suite(), "datastore": self.datastore(),
+            "compaction_interval": self.setting("TESTHOST_ETCD_COMPACTION_INTERVAL"),
         }
 
     def suite(self) -> str:
@@ -93,6 +111,20 @@ class Instance:
             return ""
         return next((line.split("=", 1)[1].strip('"') for line in text.splitlines()
                      if line.startswith("VERSION_CODENAME=")), "")
+
+    def datastore(self) -> str:
+        """Where its API server stores (DATASTORES), read from the host's own settings like
+        suite(); a host made before datastores could be chosen has none written and ran etcd."""
+        return self.setting("TESTHOST_DATASTORE") or "etcd"
+
+    def setting(self, key: str) -> str:
+        """A value of the host's /etc/default/testhost (which its units read), or ""."""
+        try:
+            text = (self.root / "etc/default/testhost").read_text()
+        except OSError:
+            return ""
+        return next((line.split("=", 1)[1] for line in text.splitlines()
+                     if line.startswith(f"{key}=")), "")
 
     def running(self) -> bool:
         return bool(self.pid1) and _alive(self.pid1) and _alive(self.nspawn_pid)
@@ -250,14 +282,37 @@ def instances_dir() -> Path:
     return path
 
 
-def create(name: str, wait: bool = True, suite: str = rootfs.SUITE) -> Instance:
+def default_datastore() -> str:
+    """CNPA_TESTHOST_DATASTORE when set (a whole test run on one datastore), else the default."""
+    return check_datastore(os.environ.get("CNPA_TESTHOST_DATASTORE") or DEFAULT_DATASTORE,
+                           "CNPA_TESTHOST_DATASTORE=")
+
+
+def check_datastore(datastore: str, what: str = "datastore ") -> str:
+    if datastore not in DATASTORES:
+        raise HostError(f"{what}{datastore!r}: choose one of {', '.join(DATASTORES)}")
+    return datastore
+
+
+def create(name: str, wait: bool = True, suite: str = rootfs.SUITE, datastore: str | None = None,
+           compaction_interval: str = COMPACTION_INTERVAL) -> Instance:
+    """Create and boot a host. datastore: DATASTORES, default default_datastore().
+    compaction_interval: kube-apiserver's --etcd-compaction-interval (a Go duration; shorter
+    makes old resourceVersions expire sooner)."""
     if not name.replace("-", "").isalnum() or len(name) > 40:
         raise HostError(f"instance name {name!r}: use letters, digits and '-' (at most 40)")
+    datastore = check_datastore(datastore) if datastore else default_datastore()
+    if not _GO_DURATION.fullmatch(compaction_interval):
+        raise HostError(f"compaction interval {compaction_interval!r}: a Go duration such as "
+                        f"{COMPACTION_INTERVAL} or 30s")
     inst = Instance(name=name)
     if inst.dir.exists():
         raise HostError(f"test host {name} already exists at {inst.dir}; destroy it first")
     apt_install(["systemd-container", "openssh-client"])  # systemd-nspawn, ssh-keygen
-    bins = build.build()
+    control_plane = build.build()
+    binaries = [control_plane / b for b in build.BINARIES]
+    if datastore == "kine":
+        binaries.append(build.build_kine() / "kine")
     tarball = rootfs.ensure(suite)
     t0 = time.monotonic()
     inst.dir.mkdir(parents=True)
@@ -266,8 +321,8 @@ def create(name: str, wait: bool = True, suite: str = rootfs.SUITE) -> Instance:
         inst.root.mkdir()
         run(["tar", "--numeric-owner", "--xattrs", "-C", str(inst.root), "-xf", str(tarball)],
             step="unpack rootfs", quiet=True)
-        inst.ports = _free_ports(len(PORT_NAMES))
-        _configure(inst, bins)
+        inst.ports = _free_ports(("ssh", "apiserver", *DATASTORE_PORTS[datastore], "kcm"))
+        _configure(inst, binaries, datastore, compaction_interval)
         inst.save()
         inst.boot()
         if wait:
@@ -277,7 +332,7 @@ def create(name: str, wait: bool = True, suite: str = rootfs.SUITE) -> Instance:
     except BaseException:
         inst.poweroff()
         raise
-    log(f"{name} ready in {time.monotonic() - t0:.1f} s; ssh -p {inst.ports['ssh']} "
+    log(f"{name} ({datastore}) ready in {time.monotonic() - t0:.1f} s; ssh -p {inst.ports['ssh']} "
         f"-i {inst.key} root@127.0.0.1")
     return inst
 
@@ -299,19 +354,23 @@ def destroy(name: str, keep_files: bool = False) -> None:
     log(f"{name} destroyed; nothing left running or mounted")
 
 
-def _configure(inst: Instance, bins: Path) -> None:
+def _configure(inst: Instance, binaries: list[Path], datastore: str,
+               compaction_interval: str) -> None:
     root, ports = inst.root, inst.ports
     (root / "etc/hostname").write_text(f"{inst.name}\n")
     with open(root / "etc/hosts", "a") as fh:
         fh.write(f"127.0.1.1 {inst.name}\n")
-    (root / "etc/default/testhost").write_text(
-"".join(f"TESTHOST_{k.upper()}_PORT={v}\n" for k, v in ports.items()))
-    for binary in build.BINARIES:
-        dest = root / "usr/local/bin" / binary
+    (root / "etc/default/testhost").write_text(_settings(ports, datastore, compaction_interval))
+    for binary in binaries:
+        dest = root / "usr/local/bin" / binary.name
         try:
-            os.link(bins / binary, dest)
+            os.link(binary, dest)
         except OSError:
-            shutil.copy2(bins / binary, dest)
+            shutil.copy2(binary, dest)
+    # Only the chosen datastore starts at boot (the rootfs has both units, neither enabled).
+    wants = root / "etc/systemd/system/multi-user.target.wants" / f"{datastore}.service"
+    wants.unlink(missing_ok=True)
+    wants.symlink_to(f"/etc/systemd/system/{datastore}.service")
     # sshd on its own loopback port; keys made now so each instance has its own.
     (root / "etc/ssh/sshd_config.d/testhost.conf").write_text(
         f"Port {ports['ssh']}\nListenAddress 127.0.0.1\nPermitRootLogin prohibit-password\n"
@@ -327,6 +386,16 @@ def _configure(inst: Instance, bins: Path) -> None:
     (inst.dir / "known_hosts").write_text(f"[127.0.0.1]:{ports['ssh']} {host_key[0]} {host_key[1]}\n")
 
 
+def _settings(ports: dict[str, int], datastore: str, compaction_interval: str) -> str:
+    """The host's /etc/default/testhost: its ports and where its API server stores."""
+    storage_port = ports["kine"] if datastore == "kine" else ports["etcd_client"]
+    lines = [f"TESTHOST_{k.upper()}_PORT={v}" for k, v in ports.items()]
+    lines += [f"TESTHOST_DATASTORE={datastore}",
+              f"TESTHOST_STORAGE_SERVERS=http://127.0.0.1:{storage_port}",
+              f"TESTHOST_ETCD_COMPACTION_INTERVAL={compaction_interval}"]
+    return "".join(f"{line}\n" for line in lines)
+
+
 def _write_inventory(inst: Instance) -> None:
     ssh_args = (f"-o UserKnownHostsFile={inst.dir / 'known_hosts'} -o StrictHostKeyChecking=yes "
                 "-o ControlMaster=auto -o ControlPersist=60s")
@@ -337,8 +406,10 @@ def _write_inventory(inst: Instance) -> None:
         f"ansible_ssh_common_args='{ssh_args}'\n")
 
 
-def _free_ports(count: int) -> dict[str, int]:
-    """Free loopback ports, avoiding those recorded by other instances (even if powered off)."""
+def _free_ports(names: tuple[str, ...]) -> dict[str, int]:
+    """Free loopback ports, one per name, avoiding those recorded by other instances (even if
+    powered off)."""
+    count = len(names)
     taken: set[int] = set()
     for state in instances_dir().glob("*/state.json"):
         taken.update(json.loads(state.read_text()).get("ports", {}).values())
@@ -357,7 +428,7 @@ def _free_ports(count: int) -> dict[str, int]:
         sock.close()
     if len(ports) < count:
         raise HostError("could not find free loopback ports")
-    return dict(zip(PORT_NAMES, ports))
+    return dict(zip(names, ports))
 
 
 def _container_init(pid: int) -> int:

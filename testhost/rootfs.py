@@ -5,7 +5,7 @@ the lab against the older release a real lab VM may run (its python3-kubernetes 
 kubernetes.core, its jq is 1.6). Each suite has its own tarballs; trixie's cache key is the one
 it had before suites existed.
 
-kubectl and etcd are not Debian's: each instance gets the ones built with its control plane
+kubectl, etcd and kine are not Debian's: each instance gets the ones built with its control plane
 (build.py), so kubectl inside the host is the server's version, as k3s bundles its own. The tree is
 debootstrapped once, given the host's unit files (see files/), and stored as a tarball keyed by
 a hash of everything that went into it, so editing files/ or the package list rebuilds it.
@@ -17,6 +17,7 @@ import fcntl
 import hashlib
 import os
 import shutil
+import time
 from pathlib import Path
 
 from .build import _wait_for_lock
@@ -30,6 +31,7 @@ PACKAGES = [
     "ca-certificates", "iproute2", "procps", "curl", "less",
 ]
 FILES = Path(__file__).with_name("files")
+STALE_SECONDS = 24 * 3600
 
 
 def _check(suite: str) -> str:
@@ -101,7 +103,8 @@ def _customise(tree: Path) -> None:
         key.unlink()
     wants = tree / "etc/systemd/system/multi-user.target.wants"
     wants.mkdir(parents=True, exist_ok=True)
-    for unit in ("etcd.service", "kube-apiserver.service", "kube-controller-manager.service"):
+    # The datastore (etcd.service or kine.service) is enabled per instance, at create time.
+    for unit in ("kube-apiserver.service", "kube-controller-manager.service"):
         link = wants / unit
         link.unlink(missing_ok=True)
         link.symlink_to(f"/etc/systemd/system/{unit}")
@@ -123,6 +126,7 @@ def ensure(suite: str = SUITE) -> Path:
     dest = tarball(suite)
     if dest.exists():
         log(f"rootfs cached: {dest}")
+        os.utime(dest)  # in use: see _build
         return dest
     if os.geteuid() != 0:
         raise HostError("building the rootfs needs root")
@@ -149,8 +153,14 @@ def _build(suite: str, dest: Path) -> Path:
     _customise(tree)
     _pack(tree, dest)
     shutil.rmtree(tree)
-    for old in cache_dir().glob(f"rootfs-{suite}-*.tar"):
-        if old != dest:
-            old.unlink()
+    _remove_unused(suite, dest)
     log(f"rootfs ready: {dest}")
     return dest
+
+
+def _remove_unused(suite: str, dest: Path) -> None:
+    """Remove the suite's tarballs of other keys once unused for a day (ensure() marks each use):
+    another checkout sharing the cache (other units in files/) may be unpacking its own now."""
+    for old in cache_dir().glob(f"rootfs-{suite}-*.tar"):
+        if old != dest and time.time() - old.stat().st_mtime > STALE_SECONDS:
+            old.unlink()

@@ -64,9 +64,14 @@ def wait_for(predicate, *, timeout: float, interval: float = 0.25, what: str = "
 
 
 @contextmanager
-def session_host(name: str, reuse_var: str) -> Iterator[Instance]:
+def session_host(name: str, reuse_var: str, datastore: str | None = None,
+                 **create_options) -> Iterator[Instance]:
     """A running host called name: a fresh one, destroyed at the end; or, when the environment
-    variable reuse_var is 1, the existing running one, left running."""
+    variable reuse_var is 1, the existing running one, left running.
+
+    datastore: "kine" or "etcd" for a module that needs one; None takes the run's
+    (CNPA_TESTHOST_DATASTORE, else testhost's default). create_options go to testhost's create
+    (e.g. compaction_interval)."""
     inst = None
     if os.environ.get(reuse_var) == "1":
         try:
@@ -75,10 +80,16 @@ def session_host(name: str, reuse_var: str) -> Iterator[Instance]:
             inst = None
         if inst is not None and not inst.running():
             raise AssertionError(f"{reuse_var}=1 but {name} is not running")
+        # Asked for (here or for the run): a reused host must store there. Otherwise the host
+        # the developer left running is taken as it is.
+        wanted = datastore or os.environ.get("CNPA_TESTHOST_DATASTORE")
+        if inst is not None and wanted and inst.datastore() != wanted:
+            raise AssertionError(f"{reuse_var}=1 but {name} stores in {inst.datastore()}, "
+                                 f"not {wanted}")
     created = inst is None
     if created:
         instance_mod.destroy(name)  # a leftover of an interrupted run
-        inst = instance_mod.create(name)
+        inst = instance_mod.create(name, datastore=datastore, **create_options)
     try:
         yield inst
     finally:
