@@ -1,8 +1,9 @@
 """Fixtures of the long-running controller's tests: a real test host, the CRD installed, and
 `python3 -m cnpa_controller` run on this (control) node against the host's API server.
 
-The host is named by CNPA_CONTROLLER_HOST (default ctl-pytest) and destroyed at the end; with
-CNPA_CONTROLLER_REUSE=1 an existing running host of that name is used and left running. The
+The hosts are named CNPA_CONTROLLER_HOST-DATASTORE (default ctl-pytest-kine, ctl-pytest-etcd)
+and destroyed at the end; with CNPA_CONTROLLER_REUSE=1 existing running hosts of those names
+are used and left running. The
 controller is started with leader election off (CNPA_LEADER_ELECTION=0) and a resync of an hour,
 so that whatever these tests see it do was brought by its watches.
 """
@@ -20,13 +21,21 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from ctllib import ControllerProcess, install_crd
 from hostlib import Host, session_host
 
+# Every test runs against both datastores, one host after the other: kine (SQLite, a single k3s
+# server's) and etcd (k3s HA's). They differ where a long-running controller is delicate: when a
+# resourceVersion or continue token expires (kine keeps its newest 1000 revisions through a
+# compaction, etcd none). CNPA_CONTROLLER_DATASTORES=kine (or etcd) runs one of them.
+DATASTORES = [d for d in os.environ.get("CNPA_CONTROLLER_DATASTORES", "kine,etcd").split(",") if d]
 
-@pytest.fixture(scope="session")
-def host():
+
+@pytest.fixture(scope="session", params=DATASTORES)
+def host(request):
     if os.geteuid() != 0:
         pytest.skip("the test host needs root")
-    with session_host(os.environ.get("CNPA_CONTROLLER_HOST", "ctl-pytest"),
-                      "CNPA_CONTROLLER_REUSE") as inst:
+    name = f"{os.environ.get('CNPA_CONTROLLER_HOST', 'ctl-pytest')}-{request.param}"
+    # A compaction every 10 s (the API server's default is 5 min): what expires, expires here.
+    with session_host(name, "CNPA_CONTROLLER_REUSE", datastore=request.param,
+                      compaction_interval="10s") as inst:
         h = Host(inst)
         install_crd(h)
         yield h
