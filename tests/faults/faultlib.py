@@ -38,11 +38,13 @@ class Lab(Host):
         super().__init__(inst)
         self.inventory = inventory
 
-    def playbook(self, *extra: str) -> None:
+    def playbook(self, *extra: str, check: bool = True) -> subprocess.CompletedProcess:
         proc = subprocess.run([str(ROOT / ".venv" / "bin" / "ansible-playbook"), "-i", self.inventory,
                                str(ROOT / "tests" / "faults" / "install.yml"), *extra],
                               cwd=ROOT, capture_output=True, text=True, timeout=600, check=False)
-        assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+        if check:
+            assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+        return proc
 
     # -- TeamSpaces -------------------------------------------------------------------------
     def teamspace(self, name: str, pods: int = 4, cpu: str | None = None) -> dict:

@@ -111,7 +111,8 @@ def _can(lab, user: str, verb: str, *rest: str) -> bool:
 
 
 def test_view_and_edit_roles_cover_teamspaces(lab):
-    """The aggregated roles: view may read TeamSpaces; edit (and admin) may also create them."""
+    """The aggregated roles: view may read TeamSpaces; edit (and admin) may also create and change
+    them; deleting them takes admin (test_least_privilege.py)."""
     bindings = {"api-viewer": "view", "api-editor": "edit"}
     for user, role in bindings.items():
         lab.kubectl("create", "clusterrolebinding", f"cnpa-test-{user}", f"--clusterrole={role}",
@@ -123,8 +124,9 @@ def test_view_and_edit_roles_cover_teamspaces(lab):
         assert not _can(lab, "api-viewer", "create", TS)
         assert not _can(lab, "api-viewer", "delete", TS)
         assert not _can(lab, "api-viewer", "update", TS, "--subresource=status")
-        for verb in ("get", "list", "create", "patch", "delete"):
+        for verb in ("get", "list", "create", "patch"):
             assert _can(lab, "api-editor", verb, TS), verb
+        assert not _can(lab, "api-editor", "delete", TS)
         assert not _can(lab, "api-editor", "update", TS, "--subresource=status")
         # And for real: the viewer lists, the editor creates (server-side dry run).
         listed = lab.kubectl("get", TS, "--as", "api-viewer", "-o", "name").stdout

@@ -7,7 +7,9 @@ import json
 import re
 import subprocess
 import time
+from contextlib import contextmanager
 
+import yaml
 from faultlib import FIN, GROUP, LABEL, SA_KUBECONFIG, SA_USER, TS, wait_for
 from hostlib import ROOT
 
@@ -172,6 +174,149 @@ def test_identity_changes_only_its_finalizer_on_teamspaces(lab):
         assert proc.returncode == 0, proc.stderr
 
 
+# -- what everybody else may do to TeamSpaces, their namespaces and records (issue 22) ---------
+def as_user(lab, user: str, *args: str, input_text: str | None = None):
+    """A write as another user (the admin impersonating them), server-side dry run."""
+    return lab.kubectl(f"--as={user}", *args, "--dry-run=server", input_text=input_text, check=False)
+
+
+def can(lab, user: str, *args: str) -> bool:
+    return lab.kubectl("auth", "can-i", *args, f"--as={user}", check=False).stdout.strip() == "yes"
+
+
+@contextmanager
+def cluster_role_of(lab, user: str, role: str, rules: list[dict] | None = None):
+    """user bound cluster-wide to ClusterRole role (made here from rules when given)."""
+    name = f"cnpa-test-{user}"
+    if rules is not None:
+        lab.apply({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+                   "metadata": {"name": role}, "rules": rules})
+    lab.kubectl("create", "clusterrolebinding", name, f"--clusterrole={role}", f"--user={user}",
+                check=False)
+    try:
+        yield
+    finally:
+        lab.kubectl("delete", "clusterrolebinding", name, "--ignore-not-found")
+        if rules is not None:
+            lab.kubectl("delete", "clusterrole", role, "--ignore-not-found")
+
+
+def strip_finalizer(lab) -> str:
+    """A JSON patch that removes our finalizer from alpha (and only it)."""
+    at = lab.get(TS, "alpha")["metadata"]["finalizers"].index(FIN)
+    return json.dumps([{"op": "test", "path": f"/metadata/finalizers/{at}", "value": FIN},
+                       {"op": "remove", "path": f"/metadata/finalizers/{at}"}])
+
+
+def test_edit_may_change_teamspaces_but_not_delete_them_or_skip_their_archive(lab):
+    """Deleting a TeamSpace deletes its namespace with everything in it: the aggregated edit role
+    may create and change TeamSpaces, not delete them; admin (cluster-wide) may delete them; only
+    the controller (and cluster admins) may remove the cleanup finalizer, so no deletion goes
+    unarchived; an ownerReference (whose owner's deletion would delete it) is refused too."""
+    lab.wait_converged("alpha")
+    with cluster_role_of(lab, "ts-editor", "edit"), cluster_role_of(lab, "ts-admin", "admin"):
+        wait_for(lambda: can(lab, "ts-editor", "patch", TS) and can(lab, "ts-admin", "delete", TS),
+                 timeout=30, what="the aggregated roles in edit and admin")
+        may = {verb: can(lab, "ts-editor", verb, TS)
+               for verb in ("get", "list", "watch", "create", "update", "patch", "delete",
+                            "deletecollection")}
+        assert may == {"get": True, "list": True, "watch": True, "create": True, "update": True,
+                       "patch": True, "delete": False, "deletecollection": False}
+        assert can(lab, "ts-admin", "deletecollection", TS)
+        # For real (dry runs): the editor creates and changes the spec, and cannot delete.
+        new = {"apiVersion": f"{GROUP}/v1alpha1", "kind": "TeamSpace", "metadata": {"name": "by-editor"},
+               "spec": {"pods": 2}}
+        proc = as_user(lab, "ts-editor", "create", "-f", "-", input_text=json.dumps(new))
+        assert proc.returncode == 0, proc.stderr
+        proc = as_user(lab, "ts-editor", "patch", TS, "alpha", "--type", "merge", "-p", '{"spec":{"pods":7}}')
+        assert proc.returncode == 0, proc.stderr
+        proc = as_user(lab, "ts-editor", "delete", TS, "alpha")
+        assert proc.returncode != 0 and "forbidden" in proc.stderr.lower(), proc.stderr
+        proc = as_user(lab, "ts-admin", "delete", TS, "alpha")
+        assert proc.returncode == 0, proc.stderr
+        # Neither strips the cleanup finalizer, nor gives alpha an owner to be deleted with.
+        for user in ("ts-editor", "ts-admin"):
+            proc = as_user(lab, user, "patch", TS, "alpha", "--type", "json", "-p", strip_finalizer(lab))
+            assert denied_by_policy(proc) and FIN in proc.stderr, (user, proc.stderr)
+            proc = as_user(lab, user, "patch", TS, "alpha", "--type", "merge", "-p", json.dumps(
+                {"metadata": {"ownerReferences": [{"apiVersion": "v1", "kind": "ConfigMap", "name": "x",
+                                                   "uid": "00000000-0000-4000-8000-000000000002"}]}}))
+            assert denied_by_policy(proc), (user, proc.stderr)
+    # A cluster admin (system:masters) still may (dry run).
+    proc = lab.kubectl("patch", TS, "alpha", "--type", "json", "-p", strip_finalizer(lab), "--dry-run=server",
+                       check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert FIN in lab.get(TS, "alpha")["metadata"]["finalizers"]
+    lab.wait_converged("alpha")
+
+
+def test_only_the_controller_and_admins_may_give_a_namespace_a_teamspace_owner(lab):
+    """Whoever may create namespaces must not make team-X (before the controller, or again after
+    a deletion) look like TeamSpace X's own: an ownerReference to a TeamSpace is refused on create,
+    and on update when added or changed; removing one (the garbage collector does) and changes
+    that keep the owners as they are stay allowed. The controller and cluster admins may."""
+    alpha_uid = lab.get(TS, "alpha")["metadata"]["uid"]
+    forged = {"apiVersion": f"{GROUP}/v1alpha1", "kind": "TeamSpace", "name": "alpha", "uid": alpha_uid}
+    rules = [{"apiGroups": [""], "resources": ["namespaces"], "verbs": ["get", "create", "update", "patch"]}]
+    with cluster_role_of(lab, "ns-maker", "cnpa-test-ns-maker", rules):
+        wait_for(lambda: can(lab, "ns-maker", "create", "namespaces"), timeout=30, what="ns-maker's role")
+        for ref in (forged | {"controller": True}, forged, forged | {"apiVersion": f"{GROUP}/v1"}):
+            ns = {"apiVersion": "v1", "kind": "Namespace", "metadata": {
+                "name": "team-forged", "labels": {LABEL: "forged"}, "ownerReferences": [ref]}}
+            proc = as_user(lab, "ns-maker", "create", "-f", "-", input_text=json.dumps(ns))
+            assert denied_by_policy(proc), (ref, proc.stderr)
+        lab.kubectl("--as=ns-maker", "create", "namespace", "cnpa-test-plain")
+        try:
+            owned = {"metadata": {"ownerReferences": [forged | {"controller": True}]}}
+            proc = as_user(lab, "ns-maker", "patch", "namespace", "cnpa-test-plain", "--type", "merge",
+                           "-p", json.dumps(owned))
+            assert denied_by_policy(proc), proc.stderr
+        finally:
+            lab.kubectl("delete", "namespace", "cnpa-test-plain", "--wait=false")
+        # team-alpha is owned by alpha (the controller made it): its owner may not be changed,
+        # may be removed, and other changes go through.
+        owners = lab.get("namespace", "team-alpha")["metadata"]["ownerReferences"]
+        changed = [r | {"controller": False} for r in owners]
+        proc = as_user(lab, "ns-maker", "patch", "namespace", "team-alpha", "--type", "merge",
+                       "-p", json.dumps({"metadata": {"ownerReferences": changed}}))
+        assert denied_by_policy(proc), proc.stderr
+        for patch in ({"metadata": {"labels": {"cnpa-test": "x"}}}, {"metadata": {"ownerReferences": None}}):
+            proc = as_user(lab, "ns-maker", "patch", "namespace", "team-alpha", "--type", "merge",
+                           "-p", json.dumps(patch))
+            assert proc.returncode == 0, (patch, proc.stderr)
+    # A cluster admin may (dry run).
+    ns = {"apiVersion": "v1", "kind": "Namespace", "metadata": {
+        "name": "team-forged", "ownerReferences": [forged | {"controller": True}]}}
+    proc = lab.kubectl("create", "-f", "-", "--dry-run=server", input_text=json.dumps(ns), check=False)
+    assert proc.returncode == 0, proc.stderr
+    lab.wait_converged("alpha")
+
+
+def test_archive_records_cannot_be_forged(lab):
+    """ConfigMaps archive-<uid> (or labelled as a record) in cnpa-system are made by the
+    controller only: not even a cluster admin creates one (it may delete one, or the policy);
+    other ConfigMaps there are not affected. (Watch mode, where the controller makes them, in
+    molecule/controller/verify.yml: the controller's own, and that none can be changed.)"""
+    record = {"apiVersion": "v1", "kind": "ConfigMap", "immutable": True, "metadata": {
+        "name": "archive-00000000-0000-4000-8000-000000000003", "namespace": "cnpa-system",
+        "labels": {"app.kubernetes.io/managed-by": "cnpa-op",
+                   "platform.labhub.io/archived-teamspace": "gone"}},
+        "data": {"gone.json": '{"name": "gone", "uid": "00000000-0000-4000-8000-000000000003", "pods": 1}\n'}}
+    labelled = record | {"metadata": record["metadata"] | {"name": "other-name"}}
+    for cm in (record, labelled):
+        proc = lab.kubectl("create", "-f", "-", "--dry-run=server", input_text=json.dumps(cm), check=False)
+        assert denied_by_policy(proc), proc.stderr
+    rules = [{"apiGroups": [""], "resources": ["configmaps"],
+              "verbs": ["create", "update", "patch", "delete"]}]
+    with cluster_role_of(lab, "cm-writer", "cnpa-test-cm-writer", rules):
+        wait_for(lambda: can(lab, "cm-writer", "create", "configmaps", "-n", "cnpa-system"), timeout=30,
+                 what="cm-writer's role")
+        proc = as_user(lab, "cm-writer", "create", "-f", "-", input_text=json.dumps(record))
+        assert denied_by_policy(proc), proc.stderr
+        proc = as_user(lab, "cm-writer", "create", "configmap", "notes", "-n", "cnpa-system")
+        assert proc.returncode == 0, proc.stderr
+
+
 # -- its token ---------------------------------------------------------------------------------
 def jwt_claims(token: str) -> dict:
     payload = token.split(".")[1]
@@ -202,6 +347,45 @@ def test_token_expires_and_is_renewed(lab):
     lab.kubectl("patch", TS, "alpha", "--type", "merge", "-p", '{"spec":{"pods":6}}')
     lab.wait_converged("alpha")
     lab.kubectl("patch", TS, "alpha", "--type", "merge", "-p", '{"spec":{"pods":4}}')
+    lab.wait_converged("alpha")
+
+
+# -- the cluster's CA in its kubeconfig (issue 22, item 10) ------------------------------------
+def kubeconfig_ca(text: str) -> str:
+    return yaml.safe_load(text)["clusters"][0]["cluster"].get("certificate-authority-data", "")
+
+
+def test_install_takes_the_cluster_ca_from_the_admin_kubeconfig(lab, report):
+    """A controller-manager without the root-CA publisher leaves no kube-system/kube-root-ca.crt:
+    the install takes the CA from the admin kubeconfig, and with none there either it fails at
+    once, saying what is missing."""
+    admin = yaml.safe_load(lab.sh(f"cat {ADMIN_KUBECONFIG}").stdout)
+    ca = admin["clusters"][0]["cluster"]["certificate-authority-data"]
+    lab.sh("systemctl stop kube-controller-manager")
+    try:
+        lab.kubectl("delete", "configmap", "kube-root-ca.crt", "-n", "kube-system")
+        t0 = time.monotonic()
+        lab.playbook()
+        report["install_without_root_ca_configmap_s"] = round(time.monotonic() - t0, 1)
+        assert kubeconfig_ca(lab.sh(f"cat {SA_KUBECONFIG}").stdout) == ca
+        cluster = admin["clusters"][0]["cluster"]
+        # Neither: the install stops before it changes anything, and says what to do.
+        neither = admin | {"clusters": [{"name": admin["clusters"][0]["name"], "cluster": {
+            "server": cluster["server"], "insecure-skip-tls-verify": True}}]}
+        lab.sh("mkdir -p /root/cnpa-test-ca && cat > /root/cnpa-test-ca/neither.yaml",
+               input_text=yaml.safe_dump(neither))
+        t0 = time.monotonic()
+        proc = lab.playbook("-e", "cnpa_kubeconfig=/root/cnpa-test-ca/neither.yaml", check=False)
+        report["install_without_any_ca_fails_after_s"] = round(time.monotonic() - t0, 1)
+        out = proc.stdout + proc.stderr
+        assert proc.returncode != 0 and re.search(r" changed=0 ", out), out[-3000:]
+        assert "kube-root-ca.crt" in out and "certificate-authority" in out, out[-3000:]
+        assert "Unknown error" not in out and "RETRYING" not in out, out[-3000:]
+    finally:
+        lab.sh("rm -rf /root/cnpa-test-ca; systemctl start kube-controller-manager")
+        wait_for(lambda: lab.exists("configmap", "kube-root-ca.crt", "-n", "kube-system"), timeout=60,
+                 what="the root-CA publisher's ConfigMap again")
+    assert f"KUBECONFIG={SA_KUBECONFIG}" in lab.service("Environment")
     lab.wait_converged("alpha")
 
 

@@ -30,13 +30,13 @@ FILES = [f"{BASE}/reconcile.sh", f"{BASE}/cnpa_plan.py", f"{BASE}/cnpa_controlle
          "/etc/systemd/system/cnpa-op.service", "/etc/systemd/system/cnpa-op-token.service",
          "/etc/systemd/system/cnpa-op-token.timer", "/run/cnpa-op", "/var/cache/cnpa-op",
          "/opt/cnpa-op"]
+POLICIES = ["namespaces", "quotas", "teamspaces", "leases", "archive-records", "namespace-owners",
+            "teamspace-deletion"]
 OBJECTS = [f"crd/{TS}", "clusterrole/cnpa-op", "clusterrole/cnpa-teamspaces-view",
-           "clusterrole/cnpa-teamspaces-edit", "clusterrolebinding/cnpa-op",
-           "validatingadmissionpolicy/cnpa-op-namespaces", "validatingadmissionpolicy/cnpa-op-quotas",
-           "validatingadmissionpolicy/cnpa-op-teamspaces",
-           "validatingadmissionpolicybinding/cnpa-op-namespaces",
-           "validatingadmissionpolicybinding/cnpa-op-quotas",
-           "validatingadmissionpolicybinding/cnpa-op-teamspaces", "namespace/cnpa-system"]
+           "clusterrole/cnpa-teamspaces-edit", "clusterrole/cnpa-teamspaces-admin",
+           "clusterrolebinding/cnpa-op", "namespace/cnpa-system",
+           *[f"{kind}/cnpa-op-{name}" for name in POLICIES
+             for kind in ("validatingadmissionpolicy", "validatingadmissionpolicybinding")]]
 NAMESPACED = ["-n", "default", "role/cnpa-op-events", "rolebinding/cnpa-op-events"]
 # watch mode's (playbooks/controller.yml): the Lease and the Role/RoleBinding that let it be held.
 LEASE_OBJECTS = ["-n", "cnpa-system", "role/cnpa-op-lease", "rolebinding/cnpa-op-lease",
