@@ -22,8 +22,10 @@ How it decides (as client-go's `tryAcquireOrRenew`, checked against its source):
   is treated as another holder, never renewed over. After a crash the restarted process
   therefore waits one lease duration; a clean shutdown calls release(), which frees the Lease at
   once (client-go's ReleaseOnCancel).
-- A deleted Lease is created again by whichever candidate finds it missing (the role lets the
-  identity create that one Lease name only).
+- A deleted Lease is created again (the role lets the identity create that one Lease name only):
+  at once by a leader whose fence still holds (nobody else may create it before then), by
+  anybody else only once it has been missing for lease_seconds as this process saw it, as for an
+  expired record: the deposed leader's fence has lapsed by then, so two never write at once.
 
 Fencing: is_leader() is True only while the local clock is before the start of the last
 successful acquire/renew write + renew_seconds. Others can take over only lease_seconds after they
@@ -61,6 +63,7 @@ LEASES = "/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases"
 EVENTS = "/api/v1/namespaces/{namespace}/events"
 MANAGED_BY = ("app.kubernetes.io/managed-by", "cnpa-op")
 RECORD_FIELDS = ("holderIdentity", "leaseDurationSeconds", "acquireTime", "renewTime", "leaseTransitions")
+MISSING = {"missing": True}  # the record of a Lease that does not exist (observed like any other)
 # Candidates that are not leading poll with jitter (as client-go's JitterUntil) so that they do
 # not all hit the API server in the same instant after a leader goes.
 JITTER = 0.2
@@ -313,7 +316,7 @@ class Elector:
                 lease = request(self.api, "GET", self.path, timeout=self._timeout)
             except ApiError as err:
                 if err.status == 404:
-                    self._create()
+                    self._missing()
                 else:
                     log.warning("%s: cannot read lease %s: %s", self.identity, self.describe(), err)
                 return
@@ -353,7 +356,7 @@ class Elector:
         except ApiError as err:
             self._written = None   # read before the next write
             if err.status == 404:
-                self._create()   # deleted meanwhile: whoever creates it first leads
+                self._missing()   # deleted meanwhile
                 return
             if err.status == 0:
                 self._pending = (record_of(lease), started, started_wall)
@@ -362,6 +365,15 @@ class Elector:
                     "%s: cannot %s lease %s: %s", self.identity, action, self.describe(), err)
             return
         self._won(written, started, started_wall)
+
+    def _missing(self) -> None:
+        """The Lease does not exist: create it now if we lead (our fence holds: no other
+        candidate creates it before lease_seconds), else once it has been missing that long."""
+        now = self._clock()
+        if self._observed != MISSING:
+            self._observed, self._observed_at = MISSING, now
+        if (self._mine is not None and self.is_leader()) or now >= self._observed_at + self.lease_seconds:
+            self._create()
 
     def _create(self) -> None:
         lease = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",

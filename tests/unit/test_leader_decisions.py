@@ -80,7 +80,11 @@ class FakeLeases:
     """One namespace's Leases with the API server's optimistic concurrency."""
 
     def __init__(self):
-        self.obj = None
+        # As the role leaves it: made by the admin, no holder yet (lease.yml).
+        self.obj = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+                    "metadata": {"name": "cnpa-op", "namespace": "cnpa-system", "resourceVersion": "0",
+                                 "uid": "uid-0", "labels": {"app.kubernetes.io/managed-by": "cnpa-op"}},
+                    "spec": {}}
         self.rv = 0
         self.fail: Exception | None = None
         self.before_write = None   # called once before the next PUT is applied
@@ -108,10 +112,11 @@ class FakeLeases:
             hook, self.before_write = self.before_write, None
             if hook:
                 hook()
-            if self.obj is None:
-                raise ApiError(404, "NotFound")
             # like the API server: a PUT without resourceVersion is an unconditional update
             sent = body["metadata"].get("resourceVersion")
+            if self.obj is None:
+                # (1.36, a Lease deleted: "StorageError: invalid object" for a guarded update)
+                raise ApiError(409, "Conflict") if sent is not None else ApiError(404, "NotFound")
             if sent is not None and sent != self.obj["metadata"]["resourceVersion"]:
                 raise ApiError(409, "Conflict")
         self.rv += 1
@@ -157,23 +162,42 @@ def step(*electors):
         e._report()
 
 
-def test_first_candidate_creates_the_lease_and_leads(world):
+def test_first_candidate_takes_the_free_lease_and_leads(world):
     leases, clock = world
     changes = []
     a = elector(clock, ME, changes)
     assert not a.is_leader()
     step(a)
     assert a.is_leader() and changes == [True]
+    assert leases.writes[0][0] == "PUT"
+    assert leases.spec["holderIdentity"] == ME and leases.spec["leaseTransitions"] == 1
+    assert a.lease_uid == "uid-0"   # for the Event on the Lease
+
+
+def test_a_missing_lease_is_created_once_it_has_been_missing_for_a_lease(world):
+    leases, clock = world
+    leases.obj = None
+    changes = []
+    a = elector(clock, ME, changes)
+    step(a)
+    clock.t += 3.9
+    step(a)
+    assert not a.is_leader() and leases.obj is None
+    clock.t += 0.1
+    step(a)
+    assert a.is_leader() and changes == [True]
     assert leases.writes[0][0] == "POST"
     assert leases.spec["holderIdentity"] == ME and leases.spec["leaseTransitions"] == 0
     assert leases.obj["metadata"]["labels"] == {"app.kubernetes.io/managed-by": "cnpa-op"}
-    assert a.lease_uid == "uid-1"   # for the Event on the Lease
+    assert a.lease_uid == "uid-1"
 
 
 def test_create_race_loser_just_rereads(world):
     leases, clock = world
     a, b = elector(clock, ME), elector(clock, OTHER)
     leases.obj = None
+    step(a)
+    clock.t += 4
     step(a)
     # b saw 404 too, but a's POST landed first: b's POST gets AlreadyExists and b follows.
     b._create()
@@ -216,7 +240,7 @@ def test_takeover_only_after_lease_seconds_of_no_change(world):
     clock.t = seen + 4
     step(b)
     assert b.is_leader()
-    assert leases.spec["holderIdentity"] == OTHER and leases.spec["leaseTransitions"] == 1
+    assert leases.spec["holderIdentity"] == OTHER and leases.spec["leaseTransitions"] == 2
 
 
 def test_is_leader_is_fenced_on_the_local_clock(world):
@@ -270,7 +294,7 @@ def test_failed_renewals_give_up_after_renew_seconds(world):
     leases.fail = None
     step(a)
     assert a.is_leader() and changes == [True, False, True]
-    assert leases.spec["leaseTransitions"] == 0
+    assert leases.spec["leaseTransitions"] == 1
 
 
 def test_restart_with_the_same_identity_waits_for_expiry(world):
@@ -283,7 +307,7 @@ def test_restart_with_the_same_identity_waits_for_expiry(world):
     clock.t += 4
     step(new)
     assert new.is_leader() and not old.is_leader()
-    assert leases.spec["leaseTransitions"] == 1
+    assert leases.spec["leaseTransitions"] == 2
     step(old)   # the old process resumes: the record is no longer the one it wrote
     assert not old.is_leader()
     assert leases.spec["holderIdentity"] == ME and new.is_leader()
@@ -326,7 +350,7 @@ def test_release_frees_the_lease_only_if_still_ours(world):
     step(a)   # released electors do not campaign again, even for a free Lease
     assert not a.is_leader() and leases.spec["holderIdentity"] == ""
     step(b)   # free: no waiting
-    assert b.is_leader() and leases.spec["leaseTransitions"] == 1
+    assert b.is_leader() and leases.spec["leaseTransitions"] == 2
 
     # a frozen leader that lost the Lease does not clear the new holder's record on shutdown
     c = elector(clock, "host-c")
@@ -492,26 +516,37 @@ def test_a_renewal_whose_answer_was_lost_keeps_the_lead(world):
     clock.t += 0.5
     step(a)
     assert a.is_leader() and changes == [True]
-    assert leases.spec["holderIdentity"] == ME and leases.spec["leaseTransitions"] == 0
+    assert leases.spec["holderIdentity"] == ME and leases.spec["leaseTransitions"] == 1
 
 
-def test_a_deleted_lease_is_created_again_by_its_leader_or_a_follower(world):
+def test_a_deleted_lease_is_created_again_at_once_by_its_leader(world):
     leases, clock = world
     a, b = elector(clock, ME), elector(clock, OTHER)
     step(a, b)
     leases.obj = None   # kubectl delete lease
     clock.t += 0.5
-    step(a, b)   # a's renewal finds it gone and creates it; b reads a's new record
+    step(b, a)   # b finds it missing first, and waits; a's renewal is refused (409)
+    step(a, b)   # a reads it, finds it missing and, still leading, creates it at once
     assert a.is_leader() and not b.is_leader() and leases.spec["holderIdentity"] == ME
+
+
+def test_a_follower_creates_a_deleted_lease_only_once_the_old_leader_s_fence_has_lapsed(world):
+    """Created at once, the Lease would let a follower write beside a leader whose fence still
+    holds (seen on three hosts: the leader's writes went on for seconds after the follower's
+    first). Missing, it counts as a record that must stay unchanged for lease_seconds."""
+    leases, clock = world
+    a, b = elector(clock, ME), elector(clock, OTHER)
+    step(a, b)
     leases.obj = None
+    step(b)   # b finds it missing; a is gone too (killed): nobody renews
+    for _ in range(7):   # up to 3.5 s
+        clock.t += 0.5
+        step(b)
+        assert not b.is_leader() and leases.obj is None
+    assert not a.is_leader()   # a's fence (3 s) lapsed before b may create it (4 s)
     clock.t += 0.5
-    step(b)   # b finds it missing first: it creates it and leads
-    assert b.is_leader()
-    clock.t += 0.5
-    step(a)   # a's fast path PUT: 409 AlreadyExists is not its record any more
-    clock.t += 0.5
-    step(a)
-    assert not a.is_leader() and leases.spec["holderIdentity"] == OTHER
+    step(b)
+    assert b.is_leader() and leases.spec["holderIdentity"] == OTHER
 
 
 def test_the_fence_holds_on_the_wall_clock_too(world):
