@@ -27,8 +27,14 @@ def verbs(reqs: dict) -> str:
     return ", ".join(f"{k} {v}" for k, v in reqs.items()) or "none"
 
 
-def runs_by(results: dict) -> dict:
-    return {(r["controller"], r["n"]): r for r in results["runs"]}
+def runs_by(results: dict, datastore: str = "etcd") -> dict:
+    """The runs on one datastore by (controller, N); rows from before 2026-12-05 were on etcd."""
+    return {(r["controller"], r["n"]): r for r in results["runs"]
+            if r.get("datastore", "etcd") == datastore}
+
+
+def datastores(results: dict) -> list[str]:
+    return sorted({r.get("datastore", "etcd") for r in results["runs"]})
 
 
 def spread(values: list[float] | None) -> str:
@@ -64,8 +70,8 @@ def ratio(a, b) -> str:
     return f"{x:.0f}x" if x >= 10 else f"{x:.1f}x" if x >= 1 else f"{x:.2f}x"
 
 
-def table(results: dict) -> list[str]:
-    by = runs_by(results)
+def table(results: dict, ds: str = "etcd") -> list[str]:
+    by = runs_by(results, ds)
     out = ["| N | controller | converge (s) | idle pass wall (s) | idle requests by verb | idle writes "
            "| restore p50 / p95 / max (s), trials | new → ready p50 / p95 / max (s), trials "
            "| idle CPU (s) / % of a core / peak RSS (MiB) "
@@ -121,10 +127,10 @@ def ratios(results: dict) -> list[str]:
     return out
 
 
-def watch_ratios(results: dict) -> list[str]:
+def watch_ratios(results: dict, ds: str = "etcd") -> list[str]:
     """The watch controller against the floor, kopf and the 3 s loop, same N and (where measured
     together) same run. Above 1x: the watch controller is that much faster / cheaper."""
-    by = runs_by(results)
+    by = runs_by(results, ds)
     out = ["| N | converge: watch / floor | converge: kopf / watch | converge: loop / watch "
            "| restore p50: kopf / watch | restore p50: loop / watch | ready p50: kopf / watch "
            "| ready p50: loop / watch | idle CPU: kopf / watch | idle CPU: loop / watch |",
@@ -149,9 +155,9 @@ def watch_ratios(results: dict) -> list[str]:
     return out
 
 
-def delete_table(results: dict) -> list[str]:
+def delete_table(results: dict, ds: str = "etcd") -> list[str]:
     """N deletions: time until all archived, released and gone, against the floor's."""
-    by = runs_by(results)
+    by = runs_by(results, ds)
     out = ["| N | controller | delete requests sent (s) | all gone (s) | / floor | control plane CPU (s) "
            "| load (1 / 5 min) |", "|---:|---|---:|---:|---:|---|---|"]
     for n in results["sizes"]:
@@ -167,11 +173,33 @@ def delete_table(results: dict) -> list[str]:
     return out
 
 
-def server_table(results: dict) -> list[str]:
+def datastore_table(results: dict) -> list[str]:
+    """The same measurements on kine and etcd, from the same run (rows of each datastore)."""
+    stores = datastores(results)
+    if len(stores) < 2:
+        return []
+    by = {ds: runs_by(results, ds) for ds in stores}
+    head = " | ".join(f"{what} {ds}" for what in ("converge (s)", "restore p50 (s)", "idle CPU %",
+                                                   "delete (s)") for ds in stores)
+    out = [f"| N | controller | {head} |", "|---:|---|" + "---:|" * (4 * len(stores))]
+    for n in results["sizes"]:
+        for c in CTLS:
+            rs = [by[ds].get((c, n)) or {} for ds in stores]
+            if not any("converge_s" in r for r in rs):
+                continue
+            cells = [fmt(r.get("converge_s"), 1) for r in rs]
+            cells += [fmt(pct(r.get("restore_s") or [], 50), 3) for r in rs]
+            cells += [fmt(cpu_pct(r), 2) if r.get("idle") else "-" for r in rs]
+            cells += [fmt((r.get("delete") or {}).get("delete_s"), 1) for r in rs]
+            out.append(f"| {n} | {c} | " + " | ".join(cells) + " |")
+    return out
+
+
+def server_table(results: dict, ds: str = "etcd") -> list[str]:
     """What the server did while N TeamSpaces converged: CPU seconds of its processes and who
     wrote (audit log). The floor's row says what bounds the floor."""
-    by = runs_by(results)
-    out = ["| N | controller | converge (s) | kube-apiserver / etcd / kube-controller-manager CPU (s) "
+    by = runs_by(results, ds)
+    out = ["| N | controller | converge (s) | kube-apiserver / datastore / kube-controller-manager CPU (s) "
            "| API server CPU, share of 2 cores | writes by user (audit log) |",
            "|---:|---|---:|---|---:|---|"]
     for n in results["sizes"]:
@@ -183,8 +211,9 @@ def server_table(results: dict) -> list[str]:
             busy = cpu.get("kube-apiserver", 0) / (2 * r["converge_s"])
             writers = ", ".join(f"{u.removeprefix('system:serviceaccount:kube-system:')} {k}"
                                 for u, k in r.get("converge_writes_by_user", {}).items())
+            store = cpu.get("etcd", cpu.get("kine"))
             out.append(f"| {n} | {c} | {fmt(r['converge_s'], 1)} | {fmt(cpu.get('kube-apiserver'), 1)} / "
-                       f"{fmt(cpu.get('etcd'), 1)} / {fmt(cpu.get('kube-controller-manager'), 1)} "
+                       f"{fmt(store, 1)} / {fmt(cpu.get('kube-controller-manager'), 1)} "
                        f"| {busy:.0%} | {writers} |")
     return out
 
@@ -393,12 +422,14 @@ def plot(results: dict, path: Path) -> None:
 
 
 def server_line(results: dict) -> str:
-    server = results.get("server")
-    if not server:
+    servers = results.get("servers") or ({"etcd": results["server"]} if results.get("server") else {})
+    if not servers:
         return "Server: not recorded (results from before the server version was recorded)."
-    return (f"Server: **Kubernetes {server['kubernetes']}** (kube-apiserver, kube-controller-manager "
-            f"and kubectl {server['kubectl']} of the test host, built from Go modules), "
-            f"etcd {server['etcd']}.")
+    first = next(iter(servers.values()))
+    stores = "; ".join(s.get("datastore") or f"etcd {s['etcd']}" for s in servers.values())
+    return (f"Server: **Kubernetes {first['kubernetes']}** (kube-apiserver, kube-controller-manager "
+            f"and kubectl {first['kubectl']} of the test host, built from Go modules); datastore: "
+            f"{stores}.")
 
 
 def noisy_line(results: dict) -> list[str]:
@@ -413,6 +444,21 @@ def noisy_line(results: dict) -> list[str]:
             f"measured on {', '.join(when)} at a load average of {min(loads):.1f}-{max(loads):.1f} on 2 "
             "shared cores (column \"load\"): their absolute times are inflated; read them as a check "
             "that the benchmark works, not as the final figures. A quiet re-run is due.**", ""]
+
+
+def kine_sections(results: dict) -> list[str]:
+    """The rows measured on kine (the test host's datastore since 2026-12-05: a single k3s
+    server's SQLite), beside the etcd rows above."""
+    if "kine" not in datastores(results):
+        return []
+    return ["## On kine (SQLite, a single k3s server's datastore), beside etcd", "",
+            "The same measurements with the host's API server storing in kine (SQLite) instead of",
+            "etcd, rows from the same run (`--datastores etcd,kine`); every table above is etcd's.",
+            "", *datastore_table(results), "", "### Results on kine", "", *table(results, "kine"),
+            "", "### The watch controller against the floor and kopf, on kine", "",
+            *watch_ratios(results, "kine"), "", "### Mass deletion on kine", "",
+            *delete_table(results, "kine"), "", "### What the server did, on kine", "",
+            *server_table(results, "kine"), ""]
 
 
 def write_report(results: dict, docs: Path, command: str) -> None:
@@ -521,6 +567,7 @@ def write_report(results: dict, docs: Path, command: str) -> None:
         "",
         *watch_ratios(results),
         "",
+        *kine_sections(results),
         "## Mass deletion",
         "",
         "Last in each row, with the controller running: every one of its N TeamSpaces deleted (8",

@@ -106,7 +106,7 @@ ARCHIVE_NAMESPACE = "cnpa-bench-archive"
 MAX_N = {"naive": 200, "reconcile.sh": 1000}
 FLOOR_IN_FLIGHT = 32  # see run_floor
 # The control plane's processes inside the host, whose CPU time over a converge says what bounds it.
-SERVER_UNITS = ("kube-apiserver", "etcd", "kube-controller-manager")
+SERVER_UNITS = ("kube-apiserver", "etcd", "kine", "kube-controller-manager")
 
 # The bench host's audit policy: every request of the admin user (kubectl, the benchmark, kopf),
 # writes of everyone else - the default policy's lines stay as they are.
@@ -184,16 +184,19 @@ class Bench:
         except Exception as exc:  # no such host yet
             if "no test host" not in str(exc):
                 raise
-        log(f"creating test host {name}")
-        self.inst = testhost.create(name, wait=True)
+        log(f"creating test host {name} ({self.args.datastore})")
+        self.inst = testhost.create(name, wait=True, datastore=self.args.datastore)
 
     def setup_host(self) -> None:
         assert self.inst is not None
         versions = json.loads(self.sh("kubectl version -o json").stdout)
-        etcd = self.sh("etcd --version | head -1").stdout.split(":")[-1].strip()
-        self.results["server"] = {"kubernetes": versions["serverVersion"]["gitVersion"],
-                                  "kubectl": versions["clientVersion"]["gitVersion"], "etcd": etcd}
-        log(f"server: {self.results['server']}")
+        store = self.inst.datastore()
+        version = self.sh("etcd --version | head -1" if store == "etcd" else "kine --version").stdout
+        server = {"kubernetes": versions["serverVersion"]["gitVersion"],
+                  "kubectl": versions["clientVersion"]["gitVersion"],
+                  "datastore": f"{store} {version.split(':')[-1].strip()}"}
+        self.results.setdefault("servers", {})[store] = server
+        log(f"server: {server}")
         log("audit policy: reads of the admin user too; restarting kube-apiserver")
         self.put("/etc/kubernetes/audit-policy.yaml", AUDIT_POLICY)
         self.sh("systemctl restart kube-apiserver")
@@ -822,36 +825,38 @@ class Bench:
         self.create_host()
         try:
             self.setup_host()
-            for n in self.args.sizes:
-                for ctl in self.args.controllers:
-                    if n > MAX_N.get(ctl, n):
-                        log(f"{ctl} N={n}: skipped (runs only up to N={MAX_N[ctl]})")
-                        continue
-                    self.throwaway = n >= FRESH_HOST_FROM
-                    if self.throwaway and self.host_used:
-                        log(f"{ctl} N={n}: on a new test host")
-                        testhost.destroy(self.args.instance)
-                        self.inst = testhost.create(self.args.instance, wait=True)
-                        self.setup_host()
-                    self.host_used = True
-                    # The machine is shared: the load beside every figure says how noisy it is.
-                    load0 = os.getloadavg()
-                    started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
-                    try:
-                        res = self.run_one(ctl, n)
-                    except (TimeoutError, ApiException, ApiError, OSError,
-                            subprocess.SubprocessError) as exc:
-                        log(f"{ctl} N={n}: FAILED: {exc}")
-                        res = {"controller": ctl, "n": n, "error": str(exc)}
-                        with contextlib.suppress(Exception):
-                            self.stop(ctl)
-                        self.cleanup(f"{TAGS[ctl]}{n}-")
-                        self.cleanup(f"{TAGS[ctl]}{n}n-")
-                    res["started"] = started
-                    res["load"] = {"before": [round(x, 2) for x in load0],
-                                   "after": [round(x, 2) for x in os.getloadavg()]}
-                    self.results["runs"].append(res)
-                    self.save()
+            for ds, n, ctl in ((ds, n, ctl) for ds in self.args.datastores
+                               for n in self.args.sizes for ctl in self.args.controllers):
+                if n > MAX_N.get(ctl, n):
+                    log(f"{ctl} N={n}: skipped (runs only up to N={MAX_N[ctl]})")
+                    continue
+                self.throwaway = n >= FRESH_HOST_FROM
+                if ds != self.args.datastore or (self.throwaway and self.host_used):
+                    self.args.datastore = ds
+                    log(f"{ctl} N={n}: on a new test host ({ds})")
+                    testhost.destroy(self.args.instance)
+                    self.inst = testhost.create(self.args.instance, wait=True, datastore=ds)
+                    self.setup_host()
+                self.host_used = True
+                # The machine is shared: the load beside every figure says how noisy it is.
+                load0 = os.getloadavg()
+                started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+                try:
+                    res = self.run_one(ctl, n)
+                except (TimeoutError, ApiException, ApiError, OSError,
+                        subprocess.SubprocessError) as exc:
+                    log(f"{ctl} N={n}: FAILED: {exc}")
+                    res = {"controller": ctl, "n": n, "error": str(exc)}
+                    with contextlib.suppress(Exception):
+                        self.stop(ctl)
+                    self.cleanup(f"{TAGS[ctl]}{n}-")
+                    self.cleanup(f"{TAGS[ctl]}{n}n-")
+                res["started"] = started
+                res["datastore"] = self.args.datastore
+                res["load"] = {"before": [round(x, 2) for x in load0],
+                               "after": [round(x, 2) for x in os.getloadavg()]}
+                self.results["runs"].append(res)
+                self.save()
         finally:
             self.stop_kopf()
             for identity in list(self.watch_procs):
@@ -880,11 +885,18 @@ def main(argv: list[str] | None = None) -> int:
                         help="keep bench/results.json's runs of the other controllers and sizes")
     parser.add_argument("--ha-timings", default="15,10,2",
                         help="watch-ha: CNPA_LEASE_SECONDS,CNPA_RENEW_SECONDS,CNPA_LEASE_RETRY_SECONDS")
+    parser.add_argument("--datastores", default="etcd",
+                        help="where the host's API server stores, each in turn: etcd (k3s HA's; every "
+                             "row before 2026-12-05) and/or kine (SQLite, a single k3s server's)")
     parser.add_argument("--report-only", action="store_true", help="rewrite docs from results.json")
     args = parser.parse_args(argv)
     args.argv = ["bench/run.py", *(argv if argv is not None else sys.argv[1:])]
     args.sizes = [int(x) for x in args.sizes.split(",")]
     args.controllers = args.controllers.split(",")
+    args.datastores = args.datastores.split(",")
+    if not set(args.datastores) <= set(testhost.DATASTORES):
+        parser.error(f"--datastores: each of {', '.join(testhost.DATASTORES)}")
+    args.datastore = args.datastores[0]
     sys.path.insert(0, str(ROOT / "bench"))
     if args.report_only:
         from report import write_report
@@ -898,13 +910,16 @@ def main(argv: list[str] | None = None) -> int:
     bench = Bench(args)
     if args.merge and (ROOT / "bench/results.json").exists():
         old = json.loads((ROOT / "bench/results.json").read_text())
-        redone = {(c, n) for c in args.controllers for n in args.sizes}
+        redone = {(c, n, ds) for c in args.controllers for n in args.sizes for ds in args.datastores}
         timings = dict(zip(("lease_s", "renew_s", "retry_s"),
                            (float(x) for x in args.ha_timings.split(","))))
         # HA runs with other Lease timings are other rows: both stay.
-        bench.results["runs"] = [r for r in old["runs"] if (r["controller"], r["n"]) not in redone
+        bench.results["runs"] = [r for r in old["runs"]
+                                 if (r["controller"], r["n"], r.get("datastore", "etcd")) not in redone
                                  or (r["controller"] == "watch-ha" and r.get("timings") != timings)]
         bench.results["sizes"] = sorted(set(old["sizes"]) | set(args.sizes))
+        bench.results["servers"] = old.get("servers") or (
+            {"etcd": old["server"]} if old.get("server") else {})
         bench.results["earlier"] = [*old.get("earlier", []),
                                     {k: old.get(k) for k in ("command", "started")}]
     bench.results["command"] = " ".join(args.argv)

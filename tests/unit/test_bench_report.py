@@ -103,3 +103,16 @@ def test_rows_measured_under_load_are_flagged_at_the_top():
     assert report.noisy_line(results(quiet, sizes=(200,))) == []
     line = report.noisy_line(results(quiet, busy, sizes=(200, 1000)))[0]
     assert "1 rows (watch)" in line and "2026-12-04" in line and "9.7-9.7" in line
+
+
+def test_rows_of_each_datastore_are_kept_apart_and_compared():
+    etcd = watch_run(1000, converge=11.0)
+    kine = {**watch_run(1000, converge=13.0), "datastore": "kine",
+            "delete": {"delete_s": 7.5, "requests_s": 3.0}}
+    res = results(etcd, kine, {"controller": "floor", "n": 1000, "converge_s": 10.0, "datastore": "kine"})
+    assert report.runs_by(res)[("watch", 1000)]["converge_s"] == 11.0  # no datastore: etcd
+    assert report.runs_by(res, "kine")[("watch", 1000)]["converge_s"] == 13.0
+    row = line(report.datastore_table(res), "| 1000 | watch |")
+    assert row.split(" | ")[2:4] == ["13.0", "11.0"]  # kine, etcd (sorted)
+    assert "1.3x" in line(report.watch_ratios(res, "kine"), "| 1000 |")
+    assert report.datastore_table(results(etcd)) == []
