@@ -6,6 +6,11 @@ kubeconfig at the roles' cnpa_kubeconfig path, their own control plane stopped (
 Fresh hosts, destroyed at the end; with CNPA_MULTIHOST_REUSE=1 three running hosts of those names
 are used and left running (handy while developing).
 `inventory`: an INI inventory whose group k3s holds the three hosts over real SSH.
+
+Datastore: the test host's default, kine (SQLite; CNPA_TESTHOST_DATASTORE chooses another). k3s
+runs HA on an external SQL datastore through kine as well as on embedded etcd; etcd is covered
+by tests/controller, tests/faults and molecule's lab, and a second run of these three hosts'
+suites (about 20 minutes) would not fit CI's time.
 """
 
 from __future__ import annotations

@@ -29,8 +29,10 @@ from testhost.instance import Instance
 
 DEFAULT_NAMES = ("mhp-1", "mhp-2", "mhp-3")
 ADMIN_KUBECONFIG = "/etc/rancher/k3s/k3s.yaml"
-# The control plane of a test host (testhost/files/etc/systemd/system), dependants first.
-CONTROL_PLANE = ("kube-controller-manager.service", "kube-apiserver.service", "etcd.service")
+# The control plane of a test host (testhost/files/etc/systemd/system), dependants first; one of
+# the two datastores is enabled (kine, the default, or etcd: testhost create --datastore).
+CONTROL_PLANE = ("kube-controller-manager.service", "kube-apiserver.service", "kine.service",
+                 "etcd.service")
 
 
 def host_names(var: str = "CNPA_MULTIHOST_HOSTS") -> list[str]:

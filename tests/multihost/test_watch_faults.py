@@ -16,7 +16,11 @@ After each fault, bounded waits, then:
 Takeover and reconcile times are printed and written to $CNPA_MULTIHOST_REPORT (default
 /tmp/cnpa-multihost-report.json), never asserted: only bounds that stop a hang are.
 Faults of the leader's host (freeze, power off) need the leader on B or C: A holds the API server.
-Last, playbooks/uninstall.yml on the three hosts, on the state the faults left.
+The install gives the controllers tokens valid 600 s (the shortest TokenRequest allows), renewed
+every 120 s, so that by the end of the faults a controller has outlived its first token; then
+the Lease is deleted; then a soak (controller.yml again with hours of resyncs and Lease renewals
+squeezed into minutes, leaders killed and the API server restarted at random); last,
+playbooks/uninstall.yml on the three hosts, on the state all that left.
 """
 
 from __future__ import annotations
@@ -37,6 +41,20 @@ from mhlib import TS, Workload, holder, host_of, one_writer, unit
 # the hosts): wf<run>-.
 PREFIX = f"wf{int(time.time()) % 46656:x}"
 report: dict = {}
+TOKEN_SECONDS, TOKEN_RENEW = 600, 120
+METRICS = "/var/lib/cnpa-op-metrics/cnpa-op.prom"
+INSTALL = ["-e", f"cnpa_controller_token_duration={TOKEN_SECONDS}",
+           "-e", f"cnpa_controller_token_renew={TOKEN_RENEW}",
+           "-e", f"cnpa_controller_metrics_textfile={METRICS}"]
+
+
+def install(inventory: Path, *extra: str) -> None:
+    env = dict(os.environ, PATH=f"{ROOT / '.venv/bin'}:/usr/bin:/bin", ANSIBLE_FORCE_COLOR="0")
+    proc = subprocess.run([str(ROOT / ".venv/bin/ansible-playbook"), "-i", str(inventory),
+                           str(ROOT / "playbooks/controller.yml"), *INSTALL, *extra],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=900,
+                          check=False)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
 
 
 def epoch(rfc3339: str) -> float:
@@ -73,8 +91,8 @@ class Cluster:
         avoid.sh("systemctl start cnpa-op")
         return self.leader()
 
-    def workload(self, name: str) -> Workload:
-        wl = Workload(self.a, f"{PREFIX}-{name}", seed=len(self.workloads))
+    def workload(self, name: str, **bounds) -> Workload:
+        wl = Workload(self.a, f"{PREFIX}-{name}", seed=len(self.workloads), **bounds)
         self.workloads.append(wl)
         return wl
 
@@ -144,15 +162,10 @@ class Cluster:
 def cluster(hosts, inventory):
     since = rfc3339(time.time())
     t0 = time.monotonic()
-    env = dict(os.environ, PATH=f"{ROOT / '.venv/bin'}:/usr/bin:/bin", ANSIBLE_FORCE_COLOR="0")
     # CNPA_MULTIHOST_INSTALLED=1 (with CNPA_MULTIHOST_REUSE=1, while developing): hosts on which
     # this playbook ran already.
     if os.environ.get("CNPA_MULTIHOST_INSTALLED") != "1":
-        proc = subprocess.run([str(ROOT / ".venv/bin/ansible-playbook"), "-i", str(inventory),
-                               str(ROOT / "playbooks/controller.yml")],
-                              cwd=ROOT, env=env, capture_output=True, text=True, timeout=900,
-                              check=False)
-        assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+        install(inventory)
     report["install_s"] = round(time.monotonic() - t0, 1)
     for h in hosts:
         wait_for(lambda h=h: unit(h, "ActiveState") == "active", timeout=60, interval=0.5,
@@ -324,6 +337,164 @@ def test_leader_host_powered_off(cluster):
         "takeover_s": round(takeover, 1), "change_reconciled_s": round(reconciled, 1),
         "boot_to_api_s": round(booted, 1)}
     print(report["leader_host_powered_off"])
+
+
+def age(host: Host) -> float:
+    """Seconds since the host's cnpa-op main process started."""
+    pid = unit(host, "MainPID")
+    return float(host.sh(f"ps -o etimes= -p {pid}").stdout.strip() or 0)
+
+
+def test_a_controller_older_than_its_first_token_leads_and_serves(cluster):
+    """Tokens here are valid 600 s, renewed every 120 s into the file the kubeconfig names. A
+    controller process that has run for longer than its first token was valid must have read a
+    renewed one (the kubernetes client alone reads the file once): made the only candidate, it
+    takes the Lease and serves a change, and its journal has no 401."""
+    c = cluster
+    old = wait_for(lambda: [h for h in c.hosts if age(h) > TOKEN_SECONDS + 30], timeout=900,
+                   interval=5, what="a controller process older than its first token")
+    h = old[0]
+    pid = unit(h, "MainPID")
+    renewals = h.sh("journalctl -u cnpa-op-token.service --no-pager -o cat").stdout.count("Finished")
+    others = [o for o in c.hosts if o is not h]
+    try:
+        for o in others:
+            o.sh("systemctl stop cnpa-op")  # each gives the Lease up if it holds it
+        wait_for(lambda: holder(c.a).rsplit("_", 1)[0] == h.inst.name, timeout=60, interval=0.5,
+                 what=f"{h.inst.name}'s old controller holding the Lease")
+        name, pods = c.probe()
+        reconciled = c.wait_probe(name, pods, c.probe_change(name, pods))
+    finally:
+        for o in others:
+            o.sh("systemctl start cnpa-op")
+    assert unit(h, "MainPID") == pid, "the old controller restarted meanwhile"
+    assert renewals >= 3, f"the token was requested {renewals} times on {h.inst.name}"
+    journal = h.sh(f"journalctl -u cnpa-op --no-pager -o cat _PID={pid}").stdout
+    assert "401" not in journal and "Unauthorized" not in journal, journal[-3000:]
+    report["token_outlived"] = {"host": h.inst.name, "process_age_s": round(age(h)),
+                                "token_seconds": TOKEN_SECONDS, "token_unit_runs": renewals,
+                                "change_reconciled_s": round(reconciled, 1)}
+    print(report["token_outlived"])
+
+
+def test_lease_deleted(cluster):
+    """The Lease deleted while the workload runs (kubectl delete lease): a controller creates it
+    again (the identity may create that one Lease name and no other), one leads, and the change
+    made right after is served. Before, the identity could not create leases: every host stayed
+    a follower for good."""
+    c = cluster
+    name, pods = c.probe()
+    with c.workload("lease"):
+        time.sleep(3)
+        _, ident = c.leader()
+        uid = mhlib.lease(c.a)["metadata"]["uid"]
+        c.a.kubectl("delete", "lease", mhlib.LEASE_NAME, "-n", mhlib.LEASE_NS)
+        t_fault = c.probe_change(name, pods)
+
+        def recreated() -> bool:
+            got = mhlib.lease(c.a)
+            return bool(got and got["metadata"]["uid"] != uid and holder(c.a))
+        wait_for(recreated, timeout=90, interval=0.2, what="the Lease made again, with a holder")
+        recovered = time.time() - t_fault
+        reconciled = c.wait_probe(name, pods, t_fault)
+        time.sleep(3)
+    out = c.check("lease deleted")
+    report["lease_deleted"] = out | {"leader_before": ident, "leader_after": holder(c.a),
+                                     "lease_back_with_holder_s": round(recovered, 1),
+                                     "change_reconciled_s": round(reconciled, 1)}
+    print(report["lease_deleted"])
+
+
+SOAK_SECONDS = float(os.environ.get("CNPA_SOAK_SECONDS", "300"))
+SOAK_RESYNC, SOAK_LEASE = 5, (4, 3, 1)
+FAULT_EVERY, SAMPLE_EVERY = 40.0, 10.0
+
+
+def metric(host: Host, name: str) -> float | None:
+    text = host.sh(f"cat {METRICS} 2>/dev/null", check=False).stdout
+    for line in text.splitlines():
+        if line.startswith(f"{name} "):
+            return float(line.split()[1])
+    return None
+
+
+def rss_mib(host: Host) -> dict[int, float]:
+    """RSS of each process of the host's cnpa-op unit, by the machine's PID."""
+    out = {}
+    for pid in mhlib.unit_pids(host.inst):
+        try:
+            status = Path(f"/proc/{pid}/status").read_text()
+        except OSError:
+            continue
+        out[pid] = int(next(ln for ln in status.splitlines() if ln.startswith("VmRSS")).split()[1]) / 1024
+    return out
+
+
+def test_soak(cluster, inventory):
+    """A controller's hours in minutes: controller.yml again with a resync every 5 s (60 times the
+    default) and a 4/3/1 s Lease, then for CNPA_SOAK_SECONDS (300 in CI; the long form in
+    docs/faults.md) a workload creates, edits and deletes TeamSpaces while, every 40 s, the
+    leader's process is killed or A's API server restarted, alternately. Tokens are renewed as
+    installed. Every 10 s each controller's RSS and pending retry timers are sampled. At the end:
+    nothing lost, nothing duplicated, every deletion a controller saw archived exactly once (one
+    ConfigMap per uid), one writer at a time; each process's RSS and the timers flat."""
+    c = cluster
+    install(inventory, "-e", f"cnpa_controller_resync_seconds={SOAK_RESYNC}",
+            "-e", f"cnpa_controller_lease_seconds={SOAK_LEASE[0]}",
+            "-e", f"cnpa_controller_renew_seconds={SOAK_LEASE[1]}",
+            "-e", f"cnpa_controller_lease_retry_seconds={SOAK_LEASE[2]}")
+    rss: dict[tuple[str, int], list[float]] = {}
+    timers: list[tuple[float, float]] = []
+    faults: list[str] = []
+    t0 = time.monotonic()
+    next_fault, next_sample = t0 + FAULT_EVERY, t0
+    bounds = {"max_seconds": SOAK_SECONDS + 60, "max_ops": int(SOAK_SECONDS / 0.6) + 100}
+    with c.workload("soak", **bounds) as wl:
+        while time.monotonic() - t0 < SOAK_SECONDS:
+            now = time.monotonic()
+            if now >= next_sample:
+                next_sample += SAMPLE_EVERY
+                for h in c.hosts:
+                    for pid, mib in rss_mib(h).items():
+                        rss.setdefault((h.inst.name, pid), []).append(mib)
+                    value = metric(h, "cnpa_queue_timers")
+                    if value is not None:
+                        timers.append((now - t0, value))
+            if now >= next_fault:
+                next_fault += FAULT_EVERY
+                if len(faults) % 2 == 0:
+                    leader, ident = c.leader()
+                    leader.sh("systemctl kill -s SIGKILL --kill-whom=main cnpa-op")
+                    faults.append(f"killed {ident}")
+                else:
+                    c.a.sh("systemctl restart kube-apiserver", timeout=120)
+                    wait_for(lambda: c.a.kubectl("get", "--raw", "/readyz", check=False).stdout == "ok",
+                             timeout=120, interval=0.5, what="A's API server ready again")
+                    faults.append("API server restarted")
+            time.sleep(1)
+    out = c.check("soak")
+    # Flat: no process's RSS grew by more than a fifth from its first third to its last, and the
+    # timers in the last third are no more than in the first (a leak grows with uptime).
+    grown = {}
+    for (host, pid), series in rss.items():
+        if len(series) >= 9:
+            third = len(series) // 3
+            first, last = max(series[:third]), max(series[-third:])
+            if last > first * 1.2 + 2:
+                grown[f"{host}/{pid}"] = (round(first, 1), round(last, 1))
+    assert not grown, f"RSS grew (first third, last third MiB): {grown}"
+    span = max(t for t, _ in timers)
+    early = [v for t, v in timers if t < span / 3]
+    late = [v for t, v in timers if t > 2 * span / 3]
+    assert early and late and max(late) <= max(early) + 2, (early, late)
+    report["soak"] = out | {
+        "seconds": SOAK_SECONDS, "resync_s": SOAK_RESYNC, "lease_s": list(SOAK_LEASE),
+        "resyncs_simulated": int(SOAK_SECONDS / SOAK_RESYNC), "faults": len(faults),
+        "workload_ops": len(wl.ops), "deleted": len(wl.deleted),
+        "rss_mib_first_last": {f"{h}/{pid}": [round(s[0], 1), round(s[-1], 1)]
+                               for (h, pid), s in rss.items() if len(s) >= 3},
+        "timers_max_early_late": [max(early), max(late)]}
+    print(report["soak"])
 
 
 def test_uninstall_on_three_hosts(cluster, inventory):
