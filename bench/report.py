@@ -366,24 +366,32 @@ def plot(results: dict, path: Path) -> None:
                     ys.append(v)
         return xs, ys
 
+    passes = False
     for c in CTLS:
         kw = {"marker": "o", "color": COLORS[c], "label": c}
         a3.plot(*series(c, lambda r: r.get("converge_s")), **kw)
+        deleted = series(c, lambda r: (r.get("delete") or {}).get("delete_s"))
+        if deleted[0]:
+            a3.plot(*deleted, **{**kw, "linestyle": "--", "marker": "x", "label": f"{c} (delete all)"})
         if c == "floor":  # no process of its own: converge only
             continue
-        a1.plot(*series(c, lambda r: r.get("idle", {}).get("wall_s")), **kw)
+        idle = series(c, lambda r: r.get("idle", {}).get("wall_s"))
+        passes = passes or bool(idle[0])
+        a1.plot(*idle, **kw)
         work = series(c, lambda r: (r.get("work") or {}).get("wall_s"))
         if work[0]:  # kopf has no passes, so no work pass either
             a1.plot(*work, **{**kw, "linestyle": "--", "marker": "s", "label": f"{c} (work pass)"})
         a2.plot(*series(c, lambda r: sum(r["idle"]["requests"].values()) if r.get("idle") else None),
                 **{**kw, "label": c + (" (per idle window)" if c in ("kopf", "watch") else "")})
     a1.axhline(0.5, color="grey", linestyle=":", label="target: idle 0.5 s")
+    # Log scales need a positive value: a run without reconcile.sh rows has no pass to draw.
     a1.set(title="Pass wall time (idle: solid, all specs changed: dashed)", xlabel="TeamSpaces (N)",
-           ylabel="seconds", xscale="log", yscale="log")
+           ylabel="seconds", **({"xscale": "log", "yscale": "log"} if passes else {}))
     a2.set(title="API requests per idle pass (audit log)", xlabel="TeamSpaces (N)",
            ylabel="requests", xscale="log", yscale="symlog")
     a3.axhline(15, color="grey", linestyle=":", label="issue 5 target: 15 s at N=200")
-    a3.set(title="Converge: N new TeamSpaces -> all in place", xlabel="TeamSpaces (N)",
+    a3.set(title="Converge: N new TeamSpaces -> all in place (dashed: all deleted)",
+           xlabel="TeamSpaces (N)",
            ylabel="seconds", xscale="log", yscale="log")
     data, labels, colors = [], [], []
     for c in CTLS:
