@@ -457,13 +457,16 @@ class Bench:
                 [sys.executable, "-m", "cnpa_controller"], cwd=ROOT, env=env,
                 stdout=out, stderr=errf, stdin=subprocess.DEVNULL, start_new_session=True)
         proc = self.watch_procs[identity]
-        news = "became the leader" if leader else "caches synced"
-        self.wait(lambda: news in err.read_text() or proc.poll() is not None, 90,
-                  f"watch controller {identity}: {news}")
-        # Its resync timer starts when its caches have synced (at once: no TeamSpace yet).
+        # Its resync timer starts when its caches have synced (at once: no TeamSpace yet), which
+        # is before it leads: on a host without the Lease the first candidate makes it only once
+        # it has been missing for a lease (leader.py), so timing from "became the leader" put
+        # the predicted resync 15 s late and the idle window on the resync.
         self.wait(lambda: "caches synced" in err.read_text() or proc.poll() is not None, 90,
                   f"watch controller {identity}: caches synced")
         self.watch_synced[identity] = time.monotonic()
+        news = "became the leader" if leader else "caches synced"
+        self.wait(lambda: news in err.read_text() or proc.poll() is not None, 90,
+                  f"watch controller {identity}: {news}")
         if proc.poll() is not None:
             raise subprocess.SubprocessError(f"watch controller {identity} exited: {err.read_text()}")
 
