@@ -294,6 +294,19 @@ def check_datastore(datastore: str, what: str = "datastore ") -> str:
     return datastore
 
 
+def prepare(suite: str = rootfs.SUITE, datastore: str | None = None) -> tuple[list[Path], Path]:
+    """What a host is made from, built or fetched into the cache unless already there: the
+    binaries it runs and its rootfs tarball. On a cold cache this is most of the time a create
+    takes (minutes); a caller that must not wait that long for something else calls it first."""
+    datastore = check_datastore(datastore) if datastore else default_datastore()
+    apt_install(["systemd-container", "openssh-client"])  # systemd-nspawn, ssh-keygen
+    control_plane = build.build()
+    binaries = [control_plane / b for b in build.BINARIES]
+    if datastore == "kine":
+        binaries.append(build.build_kine() / "kine")
+    return binaries, rootfs.ensure(suite)
+
+
 def create(name: str, wait: bool = True, suite: str = rootfs.SUITE, datastore: str | None = None,
            compaction_interval: str = COMPACTION_INTERVAL) -> Instance:
     """Create and boot a host. datastore: DATASTORES, default default_datastore().
@@ -308,12 +321,7 @@ def create(name: str, wait: bool = True, suite: str = rootfs.SUITE, datastore: s
     inst = Instance(name=name)
     if inst.dir.exists():
         raise HostError(f"test host {name} already exists at {inst.dir}; destroy it first")
-    apt_install(["systemd-container", "openssh-client"])  # systemd-nspawn, ssh-keygen
-    control_plane = build.build()
-    binaries = [control_plane / b for b in build.BINARIES]
-    if datastore == "kine":
-        binaries.append(build.build_kine() / "kine")
-    tarball = rootfs.ensure(suite)
+    binaries, tarball = prepare(suite, datastore)
     t0 = time.monotonic()
     inst.dir.mkdir(parents=True)
     try:

@@ -54,6 +54,8 @@ def _create(names: list[str]) -> list[Instance]:
     afterwards), at the same time. B and C start once A's ports are recorded: each create picks
     free ports avoiding those of the instances recorded so far."""
     first, rest = names[0], names[1:]
+    # Built or fetched first: on a cold cache that takes minutes, past the wait for A's ports.
+    instance_mod.prepare()
     with ThreadPoolExecutor(max_workers=2) as pool:
         fut_a = pool.submit(instance_mod.create, first)
         wait_for(lambda: fut_a.done() or _ports_recorded(first), timeout=300,
