@@ -185,6 +185,22 @@ def test_archive_is_on_disk_before_the_finalizer_is_released(tmp_path):
     assert not result.failed
 
 
+def test_the_archive_directory_is_listed_once_not_per_deletion(tmp_path, monkeypatch):
+    """Leftovers of a killed pass are swept once, before this executor's first temporary file;
+    a listing per record made a mass deletion quadratic in the records already archived."""
+    (tmp_path / ".old.json.Ab12cd").write_text("left by a killed pass")
+    listed = []
+    real = os.scandir
+    monkeypatch.setattr(os, "scandir", lambda p=".": (listed.append(p), real(p))[1])
+    ex = Executor(FakeApi(), archive_dir=str(tmp_path))
+    for i in range(5):
+        t = teamspace(name=f"t{i}", uid=f"u-{i}", finalizers=[FIN], deleting=True)
+        assert not ex.execute(t, cnpa_plan.plan(t, None, None, NOW), NOW).failed
+    assert listed == [str(tmp_path)]
+    assert not (tmp_path / ".old.json.Ab12cd").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == [f"t{i}.json" for i in range(5)]
+
+
 def test_an_earlier_record_of_the_same_name_is_kept(tmp_path):
     (tmp_path / "a.json").write_text('{"name":"a","uid":"old","pods":1}\n')
     (tmp_path / ".a.json.Xy12ab").write_text("left by a killed pass")
