@@ -388,7 +388,7 @@ class Bench:
         if ctl == "kopf":
             self.start_kopf()
         elif ctl == "watch":
-            self.start_watch("bench-watch")
+            self.start_watch("bench-watch", fresh_archive=True)
         else:
             self.sh(f"systemctl start {self.unit_name(ctl)}")
 
@@ -439,13 +439,18 @@ class Bench:
         self.kopf_log.close()
 
     def start_watch(self, identity: str, lease: str = HA_LEASE, leader: bool = True,
-                    extra_env: dict | None = None) -> None:
+                    extra_env: dict | None = None, fresh_archive: bool = False) -> None:
         """`python3 -m cnpa_controller` as installed in watch mode (leader election on, default
         resync and workers), with the admin kubeconfig: its requests are the admin user's in the
         audit log, told apart by the user agent cnpa-controller/IDENTITY. leader: wait until it
-        leads (a Lease left by an earlier process that was stopped cleanly is released at once)."""
+        leads (a Lease left by an earlier process that was stopped cleanly is released at once).
+        fresh_archive: an empty archive directory, as the floor's: records of earlier runs under
+        the same names made each deletion keep the earlier record too (a second durable write),
+        so the delete row did more than the floor it is compared with."""
         assert self.inst is not None
         archive = Path(f"/tmp/cnpa-bench-watch/{identity}/archive")
+        if fresh_archive:
+            shutil.rmtree(archive, ignore_errors=True)
         archive.mkdir(parents=True, exist_ok=True)  # it must exist (exit 4 otherwise)
         err = Path(f"/tmp/cnpa-bench-watch/{identity}/stderr.log")
         env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "KUBECONFIG": str(self.inst.kubeconfig),
@@ -789,9 +794,9 @@ class Bench:
                      "timings": {"lease_s": float(lease_s), "renew_s": float(renew_s),
                                  "retry_s": float(retry_s)}}
         log(f"watch-ha N={n}: start ({timings})")
-        self.start_watch("bench-ha-1", extra_env=timings)
+        self.start_watch("bench-ha-1", extra_env=timings, fresh_archive=True)
         for i in (2, 3):
-            self.start_watch(f"bench-ha-{i}", leader=False, extra_env=timings)
+            self.start_watch(f"bench-ha-{i}", leader=False, extra_env=timings, fresh_archive=True)
         self.converge("watch-ha", prefix, n, res)
         rng = random.Random(n)
         latencies, takeovers = [], []
