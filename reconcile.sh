@@ -280,6 +280,9 @@ archive_step() {
     # start, it cannot be made. A restart binds the directory anew.
     ARCHIVE_BROKEN=1
   fi
+  # A pass killed between mktemp and mv leaves a temporary file: swept once, before this pass
+  # makes its own. Not per record: a listing per record grows with every record ever archived.
+  ((ARCHIVE_BROKEN)) || rm -f -- "$ARCHIVE_DIR/."*.json.?????? 2>/dev/null || true
   while IFS= read -r row; do
     IFS=$'\t' read -r name uid < <(jq -r '[.teamspace, .uid] | @tsv' <<<"$row")
     if ((ARCHIVE_BROKEN)); then
@@ -292,8 +295,6 @@ archive_step() {
     if [[ -f $file ]] && [[ $(<"$file") == "$record" ]]; then
       continue  # archived by an earlier pass
     fi
-    # A pass killed between mktemp and mv leaves a temporary file; the next attempt removes it.
-    rm -f -- "$ARCHIVE_DIR/.$name.json."?????? 2>/dev/null || true
     if [[ -f $file ]]; then
       old=$(jq -r '.uid // empty' -- "$file" 2>/dev/null || true)
       if [[ -n $old && $old != "$uid" ]]; then
@@ -317,7 +318,7 @@ archive_step() {
 }
 
 # write_durably NAME PATH <TEXT: PATH holds stdin in full, on disk (file and directory flushed),
-# or is left as it was. The temporary file is .NAME.json.XXXXXX, which a later pass removes.
+# or is left as it was. The temporary file is .NAME.json.XXXXXX, which a later pass sweeps.
 write_durably() {
   local tmp
   if tmp=$(mktemp -- "$ARCHIVE_DIR/.$1.json.XXXXXX") && cat >"$tmp" && sync -- "$tmp" &&

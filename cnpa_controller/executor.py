@@ -411,8 +411,8 @@ class Executor:
         removed once, before this executor makes its own. Not per record: a listing of the
         directory per deletion made a mass deletion quadratic (3 ms per record with 6,000
         records, all of it holding the interpreter's lock). Under a lock, so that no temporary
-        file of this executor exists while the sweep runs; reconcile.sh removes a name's
-        leftovers on each of its passes."""
+        file of this executor exists while the sweep runs; reconcile.sh sweeps on each pass that
+        archives."""
         if self._swept == d:
             return
         with self._sweep_lock:

@@ -179,6 +179,18 @@ def test_deletion_archives_then_releases_only_our_finalizer(tmp_path):
     assert c.state["namespaces"] == {}
 
 
+def test_a_killed_pass_leaves_no_temporary_file_behind_the_next(tmp_path):
+    """Temporary files of a pass killed between mktemp and mv, of this name and of others, are
+    swept by the next pass that archives; the records beside them stay."""
+    c = Cluster(tmp_path, [teamspace("beta", "u-b", finalizers=[FIN], deleting=True)])
+    c.archive.mkdir(parents=True)
+    for left in (".beta.json.Ab12cd", ".gone.json.Xy34ef"):
+        (c.archive / left).write_text("torn")
+    (c.archive / "gone.json").write_text('{"name":"gone","uid":"u-g","pods":1}\n')
+    assert c.run().returncode == 0
+    assert sorted(p.name for p in c.archive.iterdir()) == ["beta.json", "gone.json"]
+
+
 def test_deletion_completes_when_ours_is_the_last_finalizer(tmp_path):
     c = Cluster(tmp_path, [teamspace("beta", "u-b", finalizers=[FIN], deleting=True)])
     assert c.run().returncode == 0
