@@ -43,6 +43,12 @@ New with this controller:
 Exit status: 0 stopped by a signal; 3 bad configuration (the message names the variable);
 4 the archive directory is missing or was replaced (as reconcile.sh: systemd restarts the
 service, whose sandbox then binds the directory anew).
+
+--once: one pass over every TeamSpace from a fresh list, with this controller's executor, no
+leader election, then exit as reconcile.sh does (0 converged or converging, 1 some TeamSpace
+failed, 2 the API server could not be read, 3 bad configuration or internal error, 4 the
+archive directory is broken); reconcile.sh does not use it yet. --plan: that pass's writes as
+JSON lines, nothing written.
 """
 
 from __future__ import annotations
@@ -54,6 +60,7 @@ import signal
 import socket
 import sys
 import threading
+import traceback
 import uuid
 
 from . import TokenFile, token_file_of
@@ -202,12 +209,17 @@ def log_to_stderr() -> None:
     root.setLevel(logging.INFO)
 
 
-def main(env: dict | None = None) -> int:
+USAGE = "usage: python3 -m cnpa_controller [--once | --plan]"
+
+
+def main(env: dict | None = None, argv: list | tuple = ()) -> int:
     env = dict(os.environ if env is None else env)
     from . import Api
 
     log_to_stderr()
-
+    if len(argv) > 1 or (argv and argv[0] not in ("--once", "--plan")):
+        print(f"cnpa-op: {USAGE}", file=sys.stderr)
+        return EXIT_CONFIG
     try:
         conf = read_config(env)
         settings = conf["settings"]
@@ -217,6 +229,9 @@ def main(env: dict | None = None) -> int:
         return EXIT_CONFIG
     # The audit log then tells which process sent a request (every host has the same user).
     client.user_agent = f"cnpa-controller/{conf['lease']['identity']}"
+    if argv:
+        return one_pass(Api(client, timeout=settings.request_timeout), settings,
+                        plan_only=argv[0] == "--plan")
     api = Api(client, timeout=settings.write_timeout or settings.request_timeout)
 
     metrics = Metrics()
@@ -261,5 +276,32 @@ def main(env: dict | None = None) -> int:
     return controller.run()
 
 
+def one_pass(api, settings: Settings, *, plan_only: bool) -> int:
+    """--once / --plan: one pass from a fresh list, no leader election (reconcile.sh's mode: the
+    lab's one host, passes taking turns on a lock)."""
+    from .controller import utc_now
+    from .once import run_pass
+
+    def say(name: str, what: str) -> None:
+        print(f"teamspace {name}: {what}", flush=True)
+
+    def log(msg: str) -> None:
+        print(f"cnpa-op: {msg}", file=sys.stderr, flush=True)
+
+    def plan_line(line: str) -> None:
+        print(line)
+
+    try:
+        return run_pass(api, archive_dir=settings.archive_dir,
+                        event_namespace=settings.event_namespace,
+                        archive_namespace=settings.archive_namespace,
+                        page_size=settings.list_page_size, request_timeout=settings.request_timeout,
+                        workers=settings.workers, now=utc_now(), say=say, log=log,
+                        plan_only=plan_line if plan_only else None)
+    except Exception:
+        log(f"internal error; pass aborted:\n{traceback.format_exc()}")
+        return EXIT_CONFIG
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(argv=sys.argv[1:]))

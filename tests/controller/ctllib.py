@@ -67,6 +67,12 @@ class ControllerProcess:
             assert self.proc.poll() is None, f"the controller exited:\n{self.err()}"
         return self
 
+    def once(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+        """One pass (`--once`, or `--plan`), run to its end with this process's settings."""
+        return subprocess.run([sys.executable, "-m", "cnpa_controller", *(args or ("--once",))],
+                              cwd=ROOT, env=self.env, capture_output=True, text=True,
+                              timeout=timeout, check=False)
+
     def out(self) -> str:
         return self.out_path.read_text() if self.out_path.exists() else ""
 

@@ -1,0 +1,77 @@
+"""One pass over every TeamSpace, from a fresh list: `python3 -m cnpa_controller --once`.
+
+What reconcile.sh does, with the executor the watch controller uses: one paginated list of each
+kind the plan reads, the plan of every TeamSpace, and its writes, the TeamSpaces side by side
+(each one's writes in the plan's order, so its archive record is on disk before its finalizer
+goes). A pass over a converged cluster writes nothing.
+
+Exit status as reconcile.sh's: 0 converged or converging; 1 some TeamSpace failed or has a
+problem no write can fix (named on stderr, retried next pass); 2 the API server could not be read
+(nothing written); 4 the archive directory is missing or was replaced. reconcile.sh adds the lock
+(75) and the deadline (124); the caller maps an internal error to 3.
+"""
+
+from __future__ import annotations
+
+import json
+from concurrent.futures import ThreadPoolExecutor
+from typing import Callable
+
+import cnpa_plan
+
+from . import Api, ApiError
+from .cache import Caches
+from .executor import Executor
+
+EXIT_OK, EXIT_FAILED, EXIT_UNREADABLE, EXIT_ARCHIVE = 0, 1, 2, 4
+
+
+def read_state(api: Api, *, page_size: int, request_timeout: float,
+               log: Callable[[str], None]) -> Caches:
+    """The three kinds, listed once each (no watch): raises ApiError if any cannot be read."""
+    caches = Caches(api, lambda name: None, log=log, page_size=page_size,
+                    request_timeout=request_timeout)
+    for informer in caches.all:
+        informer.relist()
+    return caches
+
+
+def plans(caches: Caches, now: str) -> list[tuple[dict, list]]:
+    """Every TeamSpace with something to write, and what (in name order)."""
+    out = []
+    for name in sorted(caches.teamspaces.list_keys()):
+        teamspace, namespace, quota = caches.state(name)
+        writes = cnpa_plan.plan(teamspace, namespace, quota, now)
+        if writes:
+            out.append((teamspace, writes))
+    return out
+
+
+def run_pass(api: Api, *, archive_dir: str, event_namespace: str, archive_namespace: str,
+             page_size: int, request_timeout: float, workers: int, now: str,
+             say: Callable[[str, str], None], log: Callable[[str], None],
+             plan_only: Callable[[str], None] | None = None) -> int:
+    """One pass; plan_only: print each planned write (one JSON line) and write nothing."""
+    try:
+        caches = read_state(api, page_size=page_size, request_timeout=request_timeout, log=log)
+    except ApiError as exc:
+        log(f"cannot list TeamSpaces, namespaces or quotas ({exc}); pass aborted, nothing written")
+        return EXIT_UNREADABLE
+    todo = plans(caches, now)
+    if plan_only is not None:
+        for _, writes in todo:
+            for w in writes:
+                plan_only(json.dumps(w, separators=(",", ":")))
+        return EXIT_OK
+    if not todo:
+        return EXIT_OK
+    executor = Executor(api, archive_dir=archive_dir, event_namespace=event_namespace,
+                        archive_namespace=archive_namespace, observe=caches.observe,
+                        say=say, log=log)
+    with ThreadPoolExecutor(max(1, min(workers, len(todo)))) as pool:
+        results = list(pool.map(lambda item: executor.execute(item[0], item[1], now), todo))
+    if any(r.archive_broken for r in results):
+        return EXIT_ARCHIVE
+    if any(r.failed or r.problems for r in results):
+        return EXIT_FAILED
+    return EXIT_OK
