@@ -5,11 +5,12 @@ TeamSpaces whose objects changed (workqueue.py); workers reconcile each with the
 uses (cnpa_plan.plan, one implementation of what to write) and send its writes (executor.py);
 controller.py wires them, __main__.py reads the configuration.
 
-This module holds the one piece they all share: `Api`, plain HTTP requests to the API server with
-JSON in and out. It uses the `kubernetes` client's configuration and connection pool (kubeconfig,
-TLS, credentials) but none of its generated models or request helpers: their signatures changed
-between the client versions this runs with (>= 24.2.0; `ApiClient.call_api` lost its path and
-query parameters in 35), and decoding thousands of objects into models is slow.
+This module holds the one piece they all share, the elector too: `Api`, plain HTTP requests to
+the API server with JSON in and out, and its one error type. It uses the `kubernetes` client's
+configuration and connection pool (kubeconfig, TLS, credentials) but none of its generated
+models or request helpers: their signatures changed between the client versions this runs with
+(>= 24.2.0; `ApiClient.call_api` lost its path and query parameters in 35), and decoding
+thousands of objects into models is slow.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ DEFAULT_TIMEOUT = 10.0
 class ApiError(Exception):
     """A request the API server refused (status >= 400) or that never got an answer (status 0)."""
 
-    def __init__(self, status: int, reason: str, message: str) -> None:
+    def __init__(self, status: int, reason: str, message: str = "") -> None:
         super().__init__(f"{status} {reason}: {message}" if status else message)
         self.status = status
         self.reason = reason  # the Status object's reason (Conflict, AlreadyExists, Expired, ...)

@@ -254,11 +254,11 @@ def main(env: dict | None = None, argv: list | tuple = ()) -> int:
                 # Who leads is news for people too (`kubectl describe lease`). Sent from a thread
                 # of its own: the elector's thread must not wait on it to renew.
                 threading.Thread(target=lease_event, daemon=True, name="lease-event",
-                                 args=(client, lease["namespace"], lease["name"], lease["identity"],
+                                 args=(api, lease["namespace"], lease["name"], lease["identity"],
                                        leading),
                                  kwargs={"uid": elector.lease_uid if elector else ""}).start()
 
-            elector = Elector(client, lease["namespace"], lease["name"], lease["identity"],
+            elector = Elector(api, lease["namespace"], lease["name"], lease["identity"],
                               lease_seconds=lease["lease_seconds"],
                               renew_seconds=lease["renew_seconds"],
                               retry_seconds=lease["retry_seconds"], on_change=changed)

@@ -50,12 +50,13 @@ from __future__ import annotations
 
 import copy
 import datetime
-import json
 import logging
 import random
 import threading
 import time
 from typing import Callable
+
+from . import Api, ApiError
 
 log = logging.getLogger("cnpa_controller.leader")
 
@@ -67,70 +68,6 @@ MISSING = {"missing": True}  # the record of a Lease that does not exist (observ
 # Candidates that are not leading poll with jitter (as client-go's JitterUntil) so that they do
 # not all hit the API server in the same instant after a leader goes.
 JITTER = 0.2
-
-# -- the API, with plain dicts, across client versions ------------------------------------------
-
-
-class ApiError(Exception):
-    """A request failed: status is the HTTP status, 0 when no response came at all."""
-
-    def __init__(self, status: int, reason: str, body: str = "") -> None:
-        super().__init__(f"{status} {reason}: {body[:300]}")
-        self.status = status
-        self.reason = reason
-        self.body = body
-
-
-def request(api, method: str, path: str, body: dict | None = None, *, timeout: float = 10.0) -> dict:
-    """One API request with a JSON body, returning the decoded JSON response as a dict.
-
-    Works with the kubernetes client's two generations: up to 34.x `ApiClient.call_api(path,
-    method, ..., _preload_content=False)`, from 35.0 `param_serialize` + `call_api` (whose
-    generated methods validate bodies as models, which plain dicts are not). No response models
-    are built: the dicts are what the API server sent.
-    """
-    headers = {"Accept": "application/json"}
-    if body is not None:
-        headers["Content-Type"] = "application/json"
-    try:
-        if hasattr(api, "param_serialize"):
-            req = api.param_serialize(method=method, resource_path=path, header_params=headers,
-                                      body=body, auth_settings=["BearerToken"])
-            resp = api.call_api(*req, _request_timeout=timeout)
-            resp.read()
-            status, data = resp.status, resp.data
-        else:
-            resp = api.call_api(path, method, header_params=headers, body=body,
-                                auth_settings=["BearerToken"], _preload_content=False,
-                                _return_http_data_only=True, _request_timeout=timeout)
-            status, data = resp.status, resp.data
-    except ApiError:
-        raise
-    except Exception as err:
-        status = getattr(err, "status", None)
-        if status:
-            raise ApiError(int(status), str(getattr(err, "reason", "")),
-                           _text(getattr(err, "body", "") or "")) from err
-        raise ApiError(0, type(err).__name__, str(err)) from err
-    text = _text(data)
-    if not 200 <= status <= 299:
-        raise ApiError(status, _reason(text), text)
-    try:
-        return json.loads(text) if text else {}
-    except ValueError as err:
-        raise ApiError(status, "InvalidResponse", text) from err
-
-
-def _text(data) -> str:
-    return data.decode("utf-8", "replace") if isinstance(data, bytes) else str(data)
-
-
-def _reason(text: str) -> str:
-    try:
-        return str(json.loads(text).get("reason", ""))
-    except (ValueError, AttributeError):
-        return ""
-
 
 def micro_time(wall: float) -> str:
     """A metav1.MicroTime: RFC 3339 with microseconds, in UTC."""
@@ -203,7 +140,7 @@ def boottime() -> float:
 class Elector:
     """Campaign for, hold and give up one Lease. See the module docstring for the semantics."""
 
-    def __init__(self, api, namespace: str, name: str, identity: str, *,
+    def __init__(self, api: Api, namespace: str, name: str, identity: str, *,
                  lease_seconds: float = 15, renew_seconds: float = 10, retry_seconds: float = 2,
                  on_change: Callable[[bool], None] | None = None, clock=boottime,
                  wall=time.time) -> None:
@@ -290,13 +227,13 @@ class Elector:
     def _release(self, mine: dict) -> None:
         for _ in range(2):
             try:
-                lease = request(self.api, "GET", self.path, timeout=self._timeout)
+                lease = self.api.request("GET", self.path, timeout=self._timeout)
                 if record_of(lease) != mine:
                     log.info("%s: lease %s no longer ours, nothing to release", self.identity,
                              self.describe())
                     return
                 lease["spec"] = {**lease.get("spec", {}), **released_spec(mine, self._wall())}
-                request(self.api, "PUT", self.path, lease, timeout=self._timeout)
+                self.api.request("PUT", self.path, body=lease, timeout=self._timeout)
                 log.info("%s: released lease %s", self.identity, self.describe())
                 return
             except ApiError as err:
@@ -313,7 +250,7 @@ class Elector:
                 self._renew_fast()
                 return
             try:
-                lease = request(self.api, "GET", self.path, timeout=self._timeout)
+                lease = self.api.request("GET", self.path, timeout=self._timeout)
             except ApiError as err:
                 if err.status == 404:
                     self._missing()
@@ -352,7 +289,7 @@ class Elector:
     def _write(self, lease: dict, action: str) -> None:
         started, started_wall = self._clock(), self._wall()
         try:
-            written = request(self.api, "PUT", self.path, lease, timeout=self._timeout)
+            written = self.api.request("PUT", self.path, body=lease, timeout=self._timeout)
         except ApiError as err:
             self._written = None   # read before the next write
             if err.status == 404:
@@ -383,8 +320,8 @@ class Elector:
                           "leaseTransitions": 0}}
         started, started_wall = self._clock(), self._wall()
         try:
-            written = request(self.api, "POST", LEASES.format(namespace=self.namespace), lease,
-                              timeout=self._timeout)
+            written = self.api.request("POST", LEASES.format(namespace=self.namespace), body=lease,
+                                       timeout=self._timeout)
         except ApiError as err:
             if err.status == 0:
                 self._pending = (record_of(lease), started, started_wall)
@@ -427,7 +364,7 @@ class Elector:
                 log.exception("%s: on_change(%s) failed", self.identity, leading)
 
 
-def lease_event(api, namespace: str, lease: str, identity: str, became_leader: bool, *,
+def lease_event(api: Api, namespace: str, lease: str, identity: str, became_leader: bool, *,
                 uid: str = "", component: str = "cnpa-op", timeout: float = 10.0) -> bool:
     """Record a leader transition as an Event on the Lease (reason LeaderElection, as client-go's
     Lease lock records them). Best effort: returns False after logging an error."""
@@ -449,7 +386,7 @@ def lease_event(api, namespace: str, lease: str, identity: str, became_leader: b
         "reportingComponent": component, "reportingInstance": identity[:128],
     }
     try:
-        request(api, "POST", EVENTS.format(namespace=namespace), event, timeout=timeout)
+        api.request("POST", EVENTS.format(namespace=namespace), body=event, timeout=timeout)
         return True
     except ApiError as err:
         log.warning("cannot record the leader Event on lease %s/%s: %s", namespace, lease, err)

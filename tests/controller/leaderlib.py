@@ -39,6 +39,7 @@ def main(argv: list[str]) -> int:
     sys.path.insert(0, str(ROOT))
     from kubernetes import config
 
+    from cnpa_controller import Api
     from cnpa_controller.leader import Elector
 
     kubeconfig, namespace, lease, identity, out_path = argv[:5]
@@ -53,7 +54,7 @@ def main(argv: list[str]) -> int:
             with lock:
                 out.write(json.dumps({"t": time.monotonic(), **fields}) + "\n")
 
-        api = config.new_client_from_config(config_file=kubeconfig)
+        api = Api(config.new_client_from_config(config_file=kubeconfig))
         elector = Elector(api, namespace, lease, identity, lease_seconds=lease_s,
                           renew_seconds=renew_s, retry_seconds=retry_s,
                           on_change=lambda leading: record(change=leading))

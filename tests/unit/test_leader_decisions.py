@@ -11,8 +11,8 @@ import threading
 
 import pytest
 
-from cnpa_controller import leader
-from cnpa_controller.leader import ApiError, Elector, decide, next_spec, record_of, released_spec
+from cnpa_controller import ApiError, leader
+from cnpa_controller.leader import Elector, decide, next_spec, record_of, released_spec
 
 ME, OTHER = "host-a", "host-b"
 PATH = "/apis/coordination.k8s.io/v1/namespaces/cnpa-system/leases/cnpa-op"
@@ -92,7 +92,8 @@ class FakeLeases:
         self.writes = []
         self.calls = []
 
-    def __call__(self, api, method, path, body=None, *, timeout=10.0):
+    def request(self, method, path, *, body=None, timeout=10.0):
+        """The controller's Api.request, answered as the API server would."""
         assert timeout <= 10
         self.calls.append(method)
         if self.fail is not None:
@@ -143,15 +144,15 @@ class Clock:
 
 
 @pytest.fixture
-def world(monkeypatch):
+def world():
     leases, clock = FakeLeases(), Clock()
-    monkeypatch.setattr(leader, "request", leases)
+    clock.api = leases  # what elector() hands the Elector
     return leases, clock
 
 
 def elector(clock, identity, changes=None):
     on_change = changes.append if isinstance(changes, list) else changes
-    return Elector(None, "cnpa-system", "cnpa-op", identity, lease_seconds=4, renew_seconds=3,
+    return Elector(clock.api, "cnpa-system", "cnpa-op", identity, lease_seconds=4, renew_seconds=3,
                    retry_seconds=0.5, clock=clock, wall=lambda: 1767225600.0 + clock.t,
                    on_change=on_change)
 
@@ -367,7 +368,7 @@ def test_release_frees_the_lease_only_if_still_ours(world):
 def test_run_never_raises_and_stops(world, caplog, failure):
     leases, _clock = world
     leases.fail = failure
-    a = Elector(None, "cnpa-system", "cnpa-op", ME, lease_seconds=4, renew_seconds=3,
+    a = Elector(leases, "cnpa-system", "cnpa-op", ME, lease_seconds=4, renew_seconds=3,
                 retry_seconds=0.01)
     stop = threading.Event()
     t = threading.Thread(target=a.run, args=(stop,), daemon=True)
@@ -400,78 +401,6 @@ def test_durations_must_leave_room_for_fencing():
 def test_record_of_ignores_metadata():
     lease = {"metadata": {"resourceVersion": "9", "labels": {"x": "y"}}, "spec": rec(ME)}
     assert record_of(lease) == rec(ME)
-
-
-# -- request(): both generations of the kubernetes client -----------------------------------------
-
-class Resp:
-    def __init__(self, status, data):
-        self.status, self.data = status, data
-
-    def read(self):
-        return self.data
-
-
-class NewClient:
-    """The shape of kubernetes >= 35: param_serialize + call_api returning an unread response."""
-
-    def __init__(self, status, data):
-        self.resp, self.calls = Resp(status, data), []
-
-    def param_serialize(self, method, resource_path, header_params=None, body=None, auth_settings=None):
-        assert auth_settings == ["BearerToken"]
-        return method, "https://api" + resource_path, header_params, body, []
-
-    def call_api(self, method, url, header_params=None, body=None, post_params=None, _request_timeout=None):
-        self.calls.append((method, url, header_params, body, _request_timeout))
-        return self.resp
-
-
-class OldClient:
-    """The shape of kubernetes < 35: call_api(path, method, ..., _preload_content=False)."""
-
-    def __init__(self, status, data):
-        self.resp, self.calls = Resp(status, data), []
-
-    def call_api(self, resource_path, method, **kw):
-        assert kw["_preload_content"] is False and kw["auth_settings"] == ["BearerToken"]
-        self.calls.append((method, resource_path, kw["header_params"], kw["body"], kw["_request_timeout"]))
-        if not 200 <= self.resp.status <= 299:   # the old REST layer raised ApiException itself
-            err = Exception("api")
-            err.status, err.reason, err.body = self.resp.status, "Conflict", self.resp.data
-            raise err
-        return self.resp
-
-
-@pytest.mark.parametrize("client", [NewClient, OldClient])
-def test_request_sends_plain_json_and_decodes(client):
-    api = client(200, b'{"kind": "Lease", "spec": {"holderIdentity": "x"}}')
-    out = leader.request(api, "PUT", PATH, {"spec": {}}, timeout=1.5)
-    assert out == {"kind": "Lease", "spec": {"holderIdentity": "x"}}
-    method, url, headers, body, timeout = api.calls[0]
-    assert method == "PUT" and url.endswith(PATH) and body == {"spec": {}} and timeout == 1.5
-    assert headers["Content-Type"] == "application/json"
-
-
-@pytest.mark.parametrize("client", [NewClient, OldClient])
-def test_request_errors_carry_the_status(client):
-    api = client(409, b'{"kind": "Status", "reason": "Conflict"}')
-    with pytest.raises(ApiError) as err:
-        leader.request(api, "PUT", PATH, {"spec": {}})
-    assert err.value.status == 409
-
-
-def test_request_without_a_response_is_status_0():
-    class Down:
-        def param_serialize(self, **kw):
-            return ("GET", "u", {}, None, [])
-
-        def call_api(self, *a, **kw):
-            raise ConnectionRefusedError("refused")
-
-    with pytest.raises(ApiError) as err:
-        leader.request(Down(), "GET", PATH)
-    assert err.value.status == 0
 
 
 # -- renewals as client-go makes them -------------------------------------------------------------
@@ -552,9 +481,9 @@ def test_a_follower_creates_a_deleted_lease_only_once_the_old_leader_s_fence_has
 def test_the_fence_holds_on_the_wall_clock_too(world):
     """A VM paused by its host may find its boot-time clock barely moved; its wall clock is
     stepped forward when it runs again: either clock past the fence ends the lead."""
-    _leases, clock = world
+    leases, clock = world
     wall = [1767225600.0]
-    a = Elector(None, "cnpa-system", "cnpa-op", ME, lease_seconds=4, renew_seconds=3,
+    a = Elector(leases, "cnpa-system", "cnpa-op", ME, lease_seconds=4, renew_seconds=3,
                 retry_seconds=0.5, clock=clock, wall=lambda: wall[0])
     step(a)
     assert a.is_leader()
