@@ -28,6 +28,7 @@ from __future__ import annotations
 import datetime
 import json
 import os
+import re
 import subprocess
 import time
 from pathlib import Path
@@ -355,6 +356,11 @@ def test_a_controller_older_than_its_first_token_leads_and_serves(cluster):
                    interval=5, what="a controller process older than its first token")
     h = old[0]
     pid = unit(h, "MainPID")
+    # Checked over this test's window only: the process's earlier journal covers the earlier
+    # tests' faults (API server restarted, hosts frozen and powered off), and a 401 there failed
+    # this test once, its message showing only the journal's end. Nothing is restarted in this
+    # window: a 401 here is a stale token. The lines are listed on failure.
+    since = int(time.time())
     renewals = h.sh("journalctl -u cnpa-op-token.service --no-pager -o cat").stdout.count("Finished")
     others = [o for o in c.hosts if o is not h]
     try:
@@ -369,8 +375,11 @@ def test_a_controller_older_than_its_first_token_leads_and_serves(cluster):
             o.sh("systemctl start cnpa-op")
     assert unit(h, "MainPID") == pid, "the old controller restarted meanwhile"
     assert renewals >= 3, f"the token was requested {renewals} times on {h.inst.name}"
-    journal = h.sh(f"journalctl -u cnpa-op --no-pager -o cat _PID={pid}").stdout
-    assert "401" not in journal and "Unauthorized" not in journal, journal[-3000:]
+    journal = h.sh(f"journalctl -u cnpa-op --no-pager -o cat --since=@{since} _PID={pid}").stdout
+    # "401 Unauthorized: ..." as ApiError puts it; a bare 401 inside a uid has no word boundary.
+    refused = [line for line in journal.splitlines()
+               if "Unauthorized" in line or re.search(r"\b401\b", line)]
+    assert journal and not refused, refused[:20]
     report["token_outlived"] = {"host": h.inst.name, "process_age_s": round(age(h)),
                                 "token_seconds": TOKEN_SECONDS, "token_unit_runs": renewals,
                                 "change_reconciled_s": round(reconciled, 1)}
