@@ -21,9 +21,10 @@ import cnpa_plan
 
 from . import Api, ApiError
 from .cache import Caches
+from .controller import EXIT_ARCHIVE, EXIT_OK
 from .executor import Executor
 
-EXIT_OK, EXIT_FAILED, EXIT_UNREADABLE, EXIT_ARCHIVE = 0, 1, 2, 4
+EXIT_FAILED, EXIT_UNREADABLE = 1, 2
 
 
 def read_state(api: Api, *, page_size: int, request_timeout: float,
