@@ -63,10 +63,8 @@ import threading
 import traceback
 import uuid
 
-from . import TokenFile, token_file_of
+from .api import Api, KubeconfigError, TokenFile, connect, token_file_of
 from .controller import EXIT_CONFIG, Controller, Settings
-from .leader import Elector, lease_event
-from .metrics import Metrics
 
 
 class ConfigError(Exception):
@@ -214,8 +212,6 @@ USAGE = "usage: python3 -m cnpa_controller [--once | --plan]"
 
 def main(env: dict | None = None, argv: list | tuple = ()) -> int:
     env = dict(os.environ if env is None else env)
-    from . import Api
-
     log_to_stderr()
     if len(argv) > 1 or (argv and argv[0] not in ("--once", "--plan")):
         print(f"cnpa-op: {USAGE}", file=sys.stderr)
@@ -223,17 +219,25 @@ def main(env: dict | None = None, argv: list | tuple = ()) -> int:
     try:
         conf = read_config(env)
         settings = conf["settings"]
-        client = api_client(conf["kubeconfig"], settings.workers + 8)
-    except ConfigError as exc:
+        # The audit log then tells which process sent a request (every host has the same user).
+        user_agent = f"cnpa-controller/{conf['lease']['identity']}"
+        if argv:
+            # A pass needs no kubernetes client: its import alone costs more than an idle pass.
+            api = connect(conf["kubeconfig"], timeout=settings.request_timeout,
+                          user_agent=user_agent, env=env)
+        else:
+            client = api_client(conf["kubeconfig"], settings.workers + 8)
+            client.user_agent = user_agent
+    except (ConfigError, KubeconfigError) as exc:
         print(f"cnpa-op: {exc}", file=sys.stderr)
         return EXIT_CONFIG
-    # The audit log then tells which process sent a request (every host has the same user).
-    client.user_agent = f"cnpa-controller/{conf['lease']['identity']}"
     if argv:
-        return one_pass(Api(client, timeout=settings.request_timeout), settings,
-                        plan_only=argv[0] == "--plan")
-    api = Api(client, timeout=settings.write_timeout or settings.request_timeout)
+        return one_pass(api, settings, plan_only=argv[0] == "--plan")
+    # Only the long-running controller has an elector and serves metrics (a pass starts faster).
+    from .leader import Elector, lease_event
+    from .metrics import Metrics
 
+    api = Api(client, timeout=settings.write_timeout or settings.request_timeout)
     metrics = Metrics()
     if conf["metrics_address"]:
         try:

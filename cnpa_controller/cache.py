@@ -33,7 +33,7 @@ from typing import Callable
 
 from cnpa_plan import API_VERSION, LABEL, QUOTA
 
-from . import Api, ApiError
+from .api import Api, ApiError
 
 NAMESPACE_PREFIX = "team-"
 

@@ -26,7 +26,7 @@ from typing import Any, Callable
 
 import cnpa_plan
 
-from . import Api
+from .api import Api
 from .cache import Caches
 from .executor import Executor
 from .workqueue import WorkQueue

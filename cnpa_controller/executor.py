@@ -40,7 +40,7 @@ from typing import Callable
 import cnpa_plan
 from cnpa_plan import API_VERSION, LABEL, NAMESPACE_NOT_OURS, STEPS
 
-from . import Api, ApiError, path_of
+from .api import Api, ApiError, path_of
 
 ARCHIVE_FAILED = cnpa_plan.ARCHIVE_FAILED
 CONFLICT = "Conflict"

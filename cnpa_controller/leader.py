@@ -56,7 +56,7 @@ import threading
 import time
 from typing import Callable
 
-from . import Api, ApiError
+from .api import Api, ApiError
 
 log = logging.getLogger("cnpa_controller.leader")
 

@@ -19,7 +19,7 @@ from typing import Callable
 
 import cnpa_plan
 
-from . import Api, ApiError
+from .api import Api, ApiError
 from .cache import Caches
 from .controller import EXIT_ARCHIVE, EXIT_OK
 from .executor import Executor

@@ -42,7 +42,7 @@ def test_bad_values_exit_3_naming_the_variable(env, named):
     assert named in proc.stderr
 
 
-def test_defaults_are_reconcile_sh_s():
+def test_defaults_are_the_lab_s():
     conf = read_config({})
     s = conf["settings"]
     assert (s.archive_dir, s.event_namespace, s.request_timeout) == \
@@ -111,8 +111,8 @@ current-context: ctx
 def test_a_renewed_token_file_is_sent_from_the_next_check_on(tmp_path):
     """The client alone would send the token it read at start for ever (issue: locked out once
     it expires); TokenFile, installed by api_client, follows the file as the token unit renews it."""
-    from cnpa_controller import token_file_of
     from cnpa_controller.__main__ import api_client
+    from cnpa_controller.api import token_file_of
 
     (tmp_path / "token").write_text("first\n")
     kubeconfig = _kubeconfig(tmp_path, "token")  # relative: to the kubeconfig's directory
@@ -145,7 +145,7 @@ def test_a_renewed_token_file_is_sent_from_the_next_check_on(tmp_path):
 
 
 def test_a_401_makes_the_next_request_read_the_token_file_again(tmp_path):
-    from cnpa_controller import Api, ApiError, TokenFile
+    from cnpa_controller.api import Api, ApiError, TokenFile
 
     class Resp:
         status = 401
