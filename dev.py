@@ -43,9 +43,8 @@ VENV = ROOT / ".venv"
 BIN = VENV / "bin"
 # Only what the tests themselves call. The test host installs what it needs (debootstrap,
 # systemd-container, openssh-client) itself when it is created (testhost.common.apt_install).
-# jq: tests/unit/test_reconcile.py runs reconcile.sh here, and skips (proving nothing) without it.
 # strace: tests/faults/test_trust.py checks that an archive record is flushed before its finalizer goes.
-TEST_PACKAGES = ["jq", "shellcheck", "strace"]
+TEST_PACKAGES = ["shellcheck", "strace"]
 K3S_KUBECONFIG = Path("/etc/rancher/k3s/k3s.yaml")
 # CNPA_LAB_TESTHOST_NAME: another name for the lab's test host (e.g. beside one already running).
 LAB_HOST = os.environ.get("CNPA_LAB_TESTHOST_NAME") or "lab"

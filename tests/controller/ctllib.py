@@ -73,6 +73,14 @@ class ControllerProcess:
                               cwd=ROOT, env=self.env, capture_output=True, text=True,
                               timeout=timeout, check=False)
 
+    def reconcile(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+        """One pass through reconcile.sh (its lock and deadline around `--once`), as the lab runs
+        it, from this checkout (the package beside the script)."""
+        env = {**self.env, "CNPA_PYTHON": sys.executable,
+               "CNPA_LOCK_FILE": str(self.workdir / "pass.lock")}
+        return subprocess.run([str(ROOT / "reconcile.sh"), *args], cwd=self.workdir, env=env,
+                              capture_output=True, text=True, timeout=timeout, check=False)
+
     def out(self) -> str:
         return self.out_path.read_text() if self.out_path.exists() else ""
 

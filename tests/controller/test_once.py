@@ -1,12 +1,26 @@
-"""One pass from a fresh list (python3 -m cnpa_controller --once / --plan) against a real API
-server: reconcile.sh's contract (a converged pass writes nothing, one stdout line per write,
-exit statuses) with the watch controller's executor."""
+"""One pass from a fresh list against a real API server, run both ways: `python3 -m
+cnpa_controller --once` (and `--plan`), and reconcile.sh, which runs it under its lock and
+deadline. The lab's contract: a converged pass writes nothing, one stdout line per write, exit
+statuses."""
 
 from __future__ import annotations
 
 import re
 
+import pytest
 from ctllib import FINALIZER, ControllerProcess, get_or_none, quota_hard, ready, teamspace
+
+
+@pytest.fixture(params=["--once", "reconcile.sh"])
+def one_pass(request):
+    """one_pass(c, *args): a pass (args: "--plan" for a plan) through the way under test."""
+    if request.param == "--once":
+        run = lambda c, *args: c.once(*(args or ("--once",)))  # noqa: E731
+    else:
+        run = lambda c, *args: c.reconcile(*args)  # noqa: E731
+    # Names of its own: a namespace of the other way's test may still be terminating.
+    run.tag = "once" if request.param == "--once" else "rsh"
+    return run
 
 
 def empty_cluster(host, c: ControllerProcess) -> None:
@@ -20,52 +34,55 @@ def empty_cluster(host, c: ControllerProcess) -> None:
     assert not host.get("teamspaces")["items"], host.get("teamspaces")
 
 
-def test_a_pass_converges_then_writes_nothing_then_archives_a_deletion(host, tmp_path):
+def test_a_pass_converges_then_writes_nothing_then_archives_a_deletion(host, tmp_path,
+                                                                         one_pass):
     c = ControllerProcess(host, tmp_path / "once")
+    name = f"{one_pass.tag}-a"
     empty_cluster(host, c)
-    host.apply(teamspace("once-a", pods=4, cpu="500m"))
-    first = c.once()
+    host.apply(teamspace(name, pods=4, cpu="500m"))
+    first = one_pass(c)
     assert first.returncode == 0, first.stderr
-    assert ready(host, "once-a"), first.stdout + first.stderr
-    assert quota_hard(host, "once-a") == {"pods": "4", "requests.cpu": "500m"}
+    assert ready(host, name), first.stdout + first.stderr
+    assert quota_hard(host, name) == {"pods": "4", "requests.cpu": "500m"}
     lines = first.stdout.splitlines()
-    assert "teamspace once-a: finalizer added" in lines
-    assert "teamspace once-a: namespace team-once-a created" in lines
-    assert all(line.startswith("teamspace once-a: ") for line in lines), lines
+    assert f"teamspace {name}: finalizer added" in lines
+    assert f"teamspace {name}: namespace team-{name} created" in lines
+    assert all(line.startswith(f"teamspace {name}: ") for line in lines), lines
 
-    again = c.once()
+    again = one_pass(c)
     assert (again.returncode, again.stdout) == (0, ""), again.stderr
 
-    uid = host.get("teamspace", "once-a")["metadata"]["uid"]
-    host.kubectl("delete", "teamspace", "once-a", "--wait=false")
-    assert FINALIZER in host.get("teamspace", "once-a")["metadata"]["finalizers"]
-    gone = c.once()
+    uid = host.get("teamspace", name)["metadata"]["uid"]
+    host.kubectl("delete", "teamspace", name, "--wait=false")
+    assert FINALIZER in host.get("teamspace", name)["metadata"]["finalizers"]
+    gone = one_pass(c)
     assert gone.returncode == 0, gone.stderr
-    assert f"teamspace once-a: archived to {c.archive}/once-a.json" in gone.stdout.splitlines()
-    assert f'"uid":"{uid}"' in (c.archive / "once-a.json").read_text()
-    assert get_or_none(host, "teamspace", "once-a") is None
+    assert f"teamspace {name}: archived to {c.archive}/{name}.json" in gone.stdout.splitlines()
+    assert f'"uid":"{uid}"' in (c.archive / f"{name}.json").read_text()
+    assert get_or_none(host, "teamspace", name) is None
 
 
-def test_plan_prints_the_writes_and_writes_nothing(host, tmp_path):
+def test_plan_prints_the_writes_and_writes_nothing(host, tmp_path, one_pass):
     c = ControllerProcess(host, tmp_path / "plan")
+    name = f"{one_pass.tag}-plan"
     empty_cluster(host, c)
-    host.apply(teamspace("once-plan", pods=2))
-    out = c.once("--plan")
+    host.apply(teamspace(name, pods=2))
+    out = one_pass(c, "--plan")
     assert out.returncode == 0, out.stderr
-    steps = [line for line in out.stdout.splitlines() if '"teamspace":"once-plan"' in line]
+    steps = [line for line in out.stdout.splitlines() if f'"teamspace":"{name}"' in line]
     assert steps and len(steps) == len(out.stdout.splitlines())
-    assert get_or_none(host, "namespace", "team-once-plan") is None
-    assert not host.get("teamspace", "once-plan")["metadata"].get("finalizers")
+    assert get_or_none(host, "namespace", f"team-{name}") is None
+    assert not host.get("teamspace", name)["metadata"].get("finalizers")
 
 
-def test_an_unreadable_api_server_is_status_2_and_a_bad_argument_3(host, tmp_path):
+def test_an_unreadable_api_server_is_status_2_and_a_bad_argument_3(host, tmp_path, one_pass):
     kubeconfig = tmp_path / "unreachable"
     # Port 1 on loopback: nothing listens there, the connection is refused at once.
     kubeconfig.write_text(re.sub(r"server: https://127\.0\.0\.1:[0-9]+", "server: https://127.0.0.1:1",
                                  host.inst.kubeconfig.read_text()))
     c = ControllerProcess(host, tmp_path / "down", KUBECONFIG=str(kubeconfig),
                           CNPA_REQUEST_TIMEOUT="2s")
-    down = c.once()
+    down = one_pass(c)
     assert down.returncode == 2, down.stderr
     assert "nothing written" in down.stderr
-    assert c.once("--twice").returncode == 3
+    assert one_pass(c, "--twice").returncode == 3

@@ -300,12 +300,12 @@ def _recreate(lab, objs: list[dict]) -> None:
 
 
 def test_3_failing_passes_show_and_a_hung_pass_ends(lab, report):
-    # (a) A pass that hangs (every kubectl call sleeps) ends at its deadline with 124.
+    # (a) A pass that hangs (its interpreter sleeps) ends at its deadline with 124.
     lab.sh("rm -f /tmp/trust-sleeper.pids; printf '%s\\n' '#!/bin/sh' 'echo $$ >> /tmp/trust-sleeper.pids'"
            " 'exec sleep 60 </dev/null >/dev/null 2>&1' > /tmp/trust-sleeper; chmod 755 /tmp/trust-sleeper")
     try:
         out = lab.sh(f"s=$(date +%s%N); env {unit_env(lab)} CNPA_PASS_DEADLINE=5"
-                     " CNPA_LOCK_FILE=/tmp/trust-deadline.lock KUBECTL=/tmp/trust-sleeper"
+                     " CNPA_LOCK_FILE=/tmp/trust-deadline.lock CNPA_PYTHON=/tmp/trust-sleeper"
                      f" timeout -k 5 30 {SCRIPT} >/dev/null 2>/tmp/trust-deadline.err;"
                      " rc=$?; echo $rc $(( ($(date +%s%N) - s) / 1000000 ))", timeout=60).stdout.split()
         rc, ms = int(out[0]), int(out[1])
