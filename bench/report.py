@@ -5,9 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 RESYNC = 300.0  # s, the watch controller's default resync period (bench/run.py's RESYNC_SECONDS)
-CTLS = ("reconcile.sh", "naive", "kopf", "watch", "floor")
+CTLS = ("reconcile.sh", "reconcile.sh-before", "naive", "kopf", "watch", "floor")
 OURS = ("reconcile.sh",)  # the controller issue 5's targets are about
-COLORS = {"reconcile.sh": "tab:blue", "naive": "tab:red", "kopf": "tab:green", "watch": "tab:purple",
+COLORS = {"reconcile.sh": "tab:blue", "reconcile.sh-before": "tab:cyan", "naive": "tab:red",
+          "kopf": "tab:green", "watch": "tab:purple",
           "floor": "tab:gray"}
 
 
@@ -124,6 +125,43 @@ def ratios(results: dict) -> list[str]:
                 f"| {ratio(nreq(nv), nreq(r))} "
                 f"| {ratio(pct(nv.get('restore_s', []), 50), pct(r['restore_s'], 50))} "
                 f"| {ratio(pct(kp.get('restore_s', []), 50), pct(r['restore_s'], 50))} |")
+    return out
+
+
+def before_after(results: dict, ds: str = "etcd") -> list[str]:
+    """reconcile.sh against an earlier reconcile.sh (--reconcile-before), same host and run.
+    Above 1x: the current script is that much faster."""
+    by = runs_by(results, ds)
+    out = ["| N | idle pass wall: before / now | work pass wall: before / now | converge: before / now "
+           "| restore p50: before / now | scripts (before → now) |",
+           "|---:|---:|---:|---:|---:|---|"]
+    for n in results["sizes"]:
+        b, r = by.get(("reconcile.sh-before", n), {}), by.get(("reconcile.sh", n), {})
+        if "converge_s" not in b or "converge_s" not in r:
+            continue
+        out.append(
+            f"| {n} | {fmt(b['idle']['wall_s'])} / {fmt(r['idle']['wall_s'])} = "
+            f"{ratio(b['idle']['wall_s'], r['idle']['wall_s'])} "
+            f"| {fmt(b['work']['wall_s'])} / {fmt(r['work']['wall_s'])} = "
+            f"{ratio(b['work']['wall_s'], r['work']['wall_s'])} "
+            f"| {fmt(b['converge_s'], 1)} / {fmt(r['converge_s'], 1)} = "
+            f"{ratio(b['converge_s'], r['converge_s'])} "
+            f"| {fmt(pct(b['restore_s'], 50))} / {fmt(pct(r['restore_s'], 50))} "
+            f"| {b.get('script', {}).get('sha256', '?')} → {r.get('script', {}).get('sha256', '?')} |")
+    return out if len(out) > 2 else []
+
+
+def before_after_section(results: dict) -> list[str]:
+    out = []
+    for ds in datastores(results):
+        rows = before_after(results, ds)
+        if rows:
+            out += [f"## reconcile.sh against an earlier reconcile.sh ({ds})", "",
+                    "Both installed in the same host with what the role puts beside them, each run by",
+                    "cnpa-op.service's 3 s loop for converge and restore, and by hand for the idle and",
+                    "work passes (median of 5 idle passes; one work pass). `reconcile.sh-before` is the",
+                    "script given as `--reconcile-before` (its sha256 prefix in the last column).", "",
+                    *rows, ""]
     return out
 
 
@@ -576,6 +614,7 @@ def write_report(results: dict, docs: Path, command: str) -> None:
         *watch_ratios(results),
         "",
         *kine_sections(results),
+        *before_after_section(results),
         "## Mass deletion",
         "",
         "Last in each row, with the controller running: every one of its N TeamSpaces deleted (8",

@@ -82,8 +82,12 @@ PERIOD = 3.0
 # Restore and ready polls: short against the event-driven targets (p50 0.1 s), a few dozen cheap
 # GETs per second against a 2-core server.
 POLL = 0.02
-TAGS = {"reconcile.sh": "r", "naive": "n", "kopf": "k", "watch": "w", "floor": "f",
-        "watch-ha": "h"}  # TeamSpace name prefixes
+TAGS = {"reconcile.sh": "r", "reconcile.sh-before": "b", "naive": "n", "kopf": "k", "watch": "w",
+        "floor": "f", "watch-ha": "h"}  # TeamSpace name prefixes
+# --reconcile-before: an earlier reconcile.sh (with the files beside it) measured beside this one
+# in the same run, installed here and run by a unit of its own.
+BEFORE_DIR = "/root/cnpa-before"
+PASS_SCRIPTS = ("reconcile.sh", "reconcile.sh-before")
 EVENT_DRIVEN = ("kopf", "watch")  # processes on this machine: no passes, an idle window instead
 IDLE_WINDOW = 20.0  # s; far shorter than the watch controller's resync (300 s): "between resyncs"
 # Idle means the cluster too: after N new namespaces the controller-manager's service-account,
@@ -103,7 +107,7 @@ HA_LEASE = "cnpa-op-bench"
 ARCHIVE_NAMESPACE = "cnpa-bench-archive"
 # The naive baseline takes minutes per pass at N = 200 (hours to converge 1,000). The 3 s loop fits
 # up to about 1,000: at 5,000 its idle pass alone (3.5 s, issue 13) is longer than its sleep.
-MAX_N = {"naive": 200, "reconcile.sh": 1000}
+MAX_N = {"naive": 200, "reconcile.sh": 1000, "reconcile.sh-before": 1000}
 FLOOR_IN_FLIGHT = 32  # see run_floor
 # The control plane's processes inside the host, whose CPU time over a converge says what bounds it.
 SERVER_UNITS = ("kube-apiserver", "etcd", "kine", "kube-controller-manager")
@@ -207,10 +211,15 @@ class Bench:
         self.put("/root/cnpa-op/crd.yaml", crd)
         self.sh("kubectl apply -f /root/cnpa-op/crd.yaml && kubectl wait --for=condition=Established"
                 " --timeout=60s crd/teamspaces.platform.labhub.io", timeout=90)
-        self.put("/root/cnpa-op/reconcile.sh", Path(self.args.reconcile).read_text(), "0755")
-        plan = Path(self.args.reconcile).with_name("cnpa_plan.py")  # its plan module, if it has one
-        if plan.exists():
-            self.put("/root/cnpa-op/cnpa_plan.py", plan.read_text())
+        # reconcile.sh's python3 reads the kubeconfig with PyYAML, which the role makes sure of
+        # (python3-yaml); without it a pass would ask kubectl to convert the file.
+        self.sh("python3 -c 'import yaml' 2>/dev/null || { apt-get update -qq && "
+                "DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-yaml; }", timeout=600)
+        self.install_script(Path(self.args.reconcile), "/root/cnpa-op")
+        if self.args.reconcile_before:
+            self.install_script(Path(self.args.reconcile_before), BEFORE_DIR)
+            self.put("/etc/systemd/system/cnpa-before.service",
+                     self.unit(f"{BEFORE_DIR}/reconcile.sh"))
         self.put(f"{BENCH_DIR}/naive_reconcile.sh", (ROOT / "bench/naive_reconcile.sh").read_text(),
                  "0755")
         self.put(f"{BENCH_DIR}/pass_probe.py", (ROOT / "bench/pass_probe.py").read_text())
@@ -230,8 +239,21 @@ class Bench:
         # 429 "storage is (re)initializing" (seen on a quiet machine): wait until one answers.
         self.wait(self.teamspace_storage_ready, 60, "the TeamSpace storage ready")
         # a reused host may hold a previous run's controllers and objects: start from nothing
-        self.sh("systemctl stop cnpa-op cnpa-naive", check=False)
+        self.sh("systemctl stop cnpa-op cnpa-naive cnpa-before", check=False)
         self.cleanup("")
+
+    def install_script(self, script: Path, where: str) -> None:
+        """reconcile.sh and what the role installs beside it (the plan module, the package,
+        compiled as the role compiles it), those it has: earlier versions had fewer."""
+        self.put(f"{where}/reconcile.sh", script.read_text(), "0755")
+        if script.with_name("cnpa_plan.py").exists():
+            self.put(f"{where}/cnpa_plan.py", script.with_name("cnpa_plan.py").read_text())
+        package = script.with_name("cnpa_controller")
+        if package.is_dir():
+            self.sh(f"rm -rf {where}/cnpa_controller")
+            for f in sorted(package.glob("*.py")):
+                self.put(f"{where}/cnpa_controller/{f.name}", f.read_text())
+            self.sh(f"python3 -m compileall -q {where}/cnpa_controller {where}/cnpa_plan.py")
 
     def teamspace_storage_ready(self) -> bool:
         try:
@@ -331,7 +353,7 @@ class Bench:
                 out[f[0]] = (int(f[12]) + int(f[13])) / tick
         return out
 
-    def audit_since(self, offset: int, agent: str, by_resource: bool = False) -> dict:
+    def audit_since(self, offset: int, agent: str | tuple, by_resource: bool = False) -> dict:
         """Requests of the admin user whose user agent starts with `agent`, by verb (and resource,
         so that the watch controller's Lease renewals show as such)."""
         verbs: dict[str, int] = {}
@@ -403,7 +425,7 @@ class Bench:
 
     @staticmethod
     def unit_name(ctl: str) -> str:
-        return "cnpa-naive" if ctl == "naive" else "cnpa-op"
+        return {"naive": "cnpa-naive", "reconcile.sh-before": "cnpa-before"}.get(ctl, "cnpa-op")
 
     def start_kopf(self) -> None:
         assert self.inst is not None
@@ -509,13 +531,15 @@ class Bench:
             list(pool.map(one, range(n)))
 
     def probe_pass(self, ctl: str) -> dict:
-        script = f"{BENCH_DIR}/naive_reconcile.sh" if ctl == "naive" else "/root/cnpa-op/reconcile.sh"
+        script = {"naive": f"{BENCH_DIR}/naive_reconcile.sh",
+                  "reconcile.sh-before": f"{BEFORE_DIR}/reconcile.sh"}.get(ctl, "/root/cnpa-op/reconcile.sh")
         env = " ".join(self.service_env().split())
         off = self.audit_offset()
         out = self.sh(f"env -i PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin "
                       f"{env} python3 {BENCH_DIR}/pass_probe.py {script}", timeout=900)
         res = json.loads(out.stdout.strip().splitlines()[-1])
-        res["requests"] = self.audit_since(off, "kubectl")
+        # kubectl's (the naive script, reconcile.sh before it ran the package) or the package's.
+        res["requests"] = self.audit_since(off, ("kubectl", WATCH_AGENT))
         res["writes"] = sum(v for k, v in res["requests"].items() if k.split()[0] in WRITE_VERBS)
         # The loop runs a pass, then sleeps 3 s: its share of a core while idle.
         res["cpu_pct"] = round(100 * res["cpu_s"] / (res["wall_s"] + PERIOD), 1)
@@ -683,8 +707,9 @@ class Bench:
         prefix = f"{tag}{n}-"
         res: dict = {"controller": ctl, "n": n}
         log(f"{ctl} N={n}: start")
-        if ctl == "reconcile.sh":
-            res["script"] = script_info(Path(self.args.reconcile))
+        if ctl in PASS_SCRIPTS:
+            res["script"] = script_info(Path(self.args.reconcile_before if ctl == "reconcile.sh-before"
+                                             else self.args.reconcile))
         self.start(ctl)
         k0 = self.usage(self.peer_pid(ctl)) if ctl in EVENT_DRIVEN else None
         self.converge(ctl, prefix, n, res)
@@ -713,7 +738,7 @@ class Bench:
                                                         {"spec": {"pods": 1 + (t["spec"]["pods"] % 50)}})
             res["work"] = self.probe_pass(ctl)
             res["work"]["converged_after"] = self.converged(prefix, n)
-            if ctl == "reconcile.sh":
+            if ctl in PASS_SCRIPTS:
                 self.start(ctl)
                 self.wait(lambda: self.converged(prefix, n), 300, f"{ctl} N={n} converged again")
                 res["delete"] = self.delete_all(ctl, prefix, n)
@@ -889,6 +914,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--reuse", action="store_true", help="reuse a running host of that name")
     parser.add_argument("--reconcile", default=str(ROOT / "reconcile.sh"),
                         help="controller script to measure (default: this repository's)")
+    parser.add_argument("--reconcile-before", default="", metavar="PATH",
+                        help="an earlier reconcile.sh (e.g. in a git worktree of an earlier commit), "
+                             "measured as controller reconcile.sh-before beside this one")
     parser.add_argument("--merge", action="store_true",
                         help="keep bench/results.json's runs of the other controllers and sizes")
     parser.add_argument("--ha-timings", default="15,10,2",
