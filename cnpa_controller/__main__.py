@@ -28,12 +28,13 @@ New with this controller:
   CNPA_LIST_PAGE_SIZE         objects per page of a full list (default 500)
   CNPA_LEADER_ELECTION        1: hold a coordination.k8s.io Lease, write only while leader;
                               0: this process is the only writer (default 1)
-  CNPA_LEASE_NAMESPACE        namespace of the Lease (default: default)
+  CNPA_LEASE_NAMESPACE        namespace of the Lease (default: default; the role passes its own
+                              namespace, cnpa-system, which a bare run cannot assume exists)
   CNPA_LEASE_NAME             name of the Lease (default: cnpa-op)
   CNPA_LEASE_IDENTITY         this process's identity in the Lease (default: HOSTNAME_RANDOM)
-  CNPA_LEASE_SECONDS          lease duration (default 15)
+  CNPA_LEASE_SECONDS          lease duration (default 10)
   CNPA_RENEW_SECONDS          a leader that has not renewed for this long stops writing
-                              (default 10; less than CNPA_LEASE_SECONDS)
+                              (default 7; less than CNPA_LEASE_SECONDS)
   CNPA_LEASE_RETRY_SECONDS    interval of acquire/renew attempts (default 2; less than
                               CNPA_RENEW_SECONDS)
   CNPA_METRICS_ADDRESS        HOST:PORT to serve Prometheus metrics on /metrics (default: off)
@@ -47,8 +48,8 @@ service, whose sandbox then binds the directory anew).
 --once: one pass over every TeamSpace from a fresh list, with this controller's executor, no
 leader election, then exit as reconcile.sh does (0 converged or converging, 1 some TeamSpace
 failed, 2 the API server could not be read, 3 bad configuration or internal error, 4 the
-archive directory is broken); reconcile.sh does not use it yet. --plan: that pass's writes as
-JSON lines, nothing written.
+archive directory is broken): what reconcile.sh runs, under its lock and deadline. --plan: that
+pass's writes as JSON lines, nothing written. Neither imports the kubernetes client (api.connect).
 """
 
 from __future__ import annotations
@@ -63,8 +64,9 @@ import threading
 import traceback
 import uuid
 
+from . import leader
 from .api import Api, KubeconfigError, TokenFile, connect, token_file_of
-from .controller import EXIT_CONFIG, Controller, Settings
+from .controller import ARCHIVE, BASE_DIR, EXIT_CONFIG, Controller, Settings
 
 
 class ConfigError(Exception):
@@ -110,38 +112,43 @@ def namespace_name(env: dict, var: str, default: str) -> str:
 
 def read_config(env: dict) -> dict:
     """Every setting, checked; ConfigError names the first bad variable."""
-    base = env.get("CNPA_BASE_DIR") or "/root/cnpa-op"
-    archive = env.get("CNPA_ARCHIVE_DIR") or os.path.join(base, "archive")
+    base = env.get("CNPA_BASE_DIR") or BASE_DIR
+    archive = env.get("CNPA_ARCHIVE_DIR") or os.path.join(base, ARCHIVE)
     if not os.path.isabs(archive):
         raise ConfigError(f"CNPA_ARCHIVE_DIR={archive!r}: must be an absolute path")
+    d = Settings
     settings = Settings(
         archive_dir=archive,
-        event_namespace=namespace_name(env, "CNPA_EVENT_NAMESPACE", "default"),
+        event_namespace=namespace_name(env, "CNPA_EVENT_NAMESPACE", d.event_namespace),
         archive_namespace=(namespace_name(env, "CNPA_ARCHIVE_NAMESPACE", "")
                            if env.get("CNPA_ARCHIVE_NAMESPACE") else ""),
-        request_timeout=duration("CNPA_REQUEST_TIMEOUT", env.get("CNPA_REQUEST_TIMEOUT") or "10s"),
-        resync_seconds=number(env, "CNPA_RESYNC_SECONDS", 300, 1, 86400),
-        workers=int(number(env, "CNPA_WORKERS", 32, 1, 64, integer=True)),
-        retry_max_seconds=number(env, "CNPA_RETRY_MAX_SECONDS", 30, 0.5, 3600),
-        watch_timeout_seconds=int(number(env, "CNPA_WATCH_TIMEOUT_SECONDS", 300, 10, 3600,
-                                         integer=True)),
-        list_page_size=int(number(env, "CNPA_LIST_PAGE_SIZE", 500, 1, 10000, integer=True)),
+        request_timeout=(duration("CNPA_REQUEST_TIMEOUT", env["CNPA_REQUEST_TIMEOUT"])
+                         if env.get("CNPA_REQUEST_TIMEOUT") else d.request_timeout),
+        resync_seconds=number(env, "CNPA_RESYNC_SECONDS", d.resync_seconds, 1, 86400),
+        workers=int(number(env, "CNPA_WORKERS", d.workers, 1, 64, integer=True)),
+        retry_max_seconds=number(env, "CNPA_RETRY_MAX_SECONDS", d.retry_max_seconds, 0.5, 3600),
+        watch_timeout_seconds=int(number(env, "CNPA_WATCH_TIMEOUT_SECONDS",
+                                         d.watch_timeout_seconds, 10, 3600, integer=True)),
+        list_page_size=int(number(env, "CNPA_LIST_PAGE_SIZE", d.list_page_size, 1, 10000,
+                                  integer=True)),
         metrics_textfile=env.get("CNPA_METRICS_TEXTFILE") or "",
-        metrics_textfile_seconds=number(env, "CNPA_METRICS_TEXTFILE_SECONDS", 15, 1, 3600),
+        metrics_textfile_seconds=number(env, "CNPA_METRICS_TEXTFILE_SECONDS",
+                                        d.metrics_textfile_seconds, 1, 3600),
     )
     election = env.get("CNPA_LEADER_ELECTION", "1")
     if election not in ("0", "1"):
         raise ConfigError(f"CNPA_LEADER_ELECTION={election!r}: must be 0 or 1")
     lease = {
-        "namespace": namespace_name(env, "CNPA_LEASE_NAMESPACE", "default"),
-        "name": env.get("CNPA_LEASE_NAME") or "cnpa-op",
+        "namespace": namespace_name(env, "CNPA_LEASE_NAMESPACE", leader.LEASE_NAMESPACE),
+        "name": env.get("CNPA_LEASE_NAME") or leader.LEASE_NAME,
         "identity": env.get("CNPA_LEASE_IDENTITY")
         or f"{socket.gethostname()}_{uuid.uuid4().hex[:8]}",
         # Whole seconds: the Lease's leaseDurationSeconds is an integer, and a fraction cut off
         # there would let another host take over before this one stops writing.
-        "lease_seconds": number(env, "CNPA_LEASE_SECONDS", 15, 2, 3600, integer=True),
-        "renew_seconds": number(env, "CNPA_RENEW_SECONDS", 10, 1, 3600),
-        "retry_seconds": number(env, "CNPA_LEASE_RETRY_SECONDS", 2, 0.1, 3600),
+        "lease_seconds": number(env, "CNPA_LEASE_SECONDS", leader.LEASE_SECONDS, 2, 3600,
+                                integer=True),
+        "renew_seconds": number(env, "CNPA_RENEW_SECONDS", leader.RENEW_SECONDS, 1, 3600),
+        "retry_seconds": number(env, "CNPA_LEASE_RETRY_SECONDS", leader.RETRY_SECONDS, 0.1, 3600),
     }
     # It is sent in the User-Agent header too: printable ASCII only, or every request fails.
     if not re.fullmatch(r"[A-Za-z0-9._-]{1,128}", lease["identity"]):
@@ -233,8 +240,7 @@ def main(env: dict | None = None, argv: list | tuple = ()) -> int:
         return EXIT_CONFIG
     if argv:
         return one_pass(api, settings, plan_only=argv[0] == "--plan")
-    # Only the long-running controller has an elector and serves metrics (a pass starts faster).
-    from .leader import Elector, lease_event
+    # Only the long-running controller serves metrics (http.server: a pass starts faster).
     from .metrics import Metrics
 
     api = Api(client, timeout=settings.write_timeout or settings.request_timeout)
@@ -257,12 +263,12 @@ def main(env: dict | None = None, argv: list | tuple = ()) -> int:
                 on_change(leading)
                 # Who leads is news for people too (`kubectl describe lease`). Sent from a thread
                 # of its own: the elector's thread must not wait on it to renew.
-                threading.Thread(target=lease_event, daemon=True, name="lease-event",
+                threading.Thread(target=leader.lease_event, daemon=True, name="lease-event",
                                  args=(api, lease["namespace"], lease["name"], lease["identity"],
                                        leading),
                                  kwargs={"uid": elector.lease_uid if elector else ""}).start()
 
-            elector = Elector(api, lease["namespace"], lease["name"], lease["identity"],
+            elector = leader.Elector(api, lease["namespace"], lease["name"], lease["identity"],
                               lease_seconds=lease["lease_seconds"],
                               renew_seconds=lease["renew_seconds"],
                               retry_seconds=lease["retry_seconds"], on_change=changed)

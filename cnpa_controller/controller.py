@@ -26,7 +26,7 @@ from typing import Any, Callable
 
 import cnpa_plan
 
-from .api import Api
+from .api import DEFAULT_TIMEOUT, Api
 from .cache import Caches
 from .executor import Executor
 from .workqueue import WorkQueue
@@ -36,15 +36,24 @@ EXIT_CONFIG = 3
 EXIT_ARCHIVE = 4
 
 
+# The lab's base directory (lab.md: /root/cnpa-op); the archive is ARCHIVE beneath it.
+BASE_DIR = "/root/cnpa-op"
+ARCHIVE = "archive"
+
+
 @dataclass
 class Settings:
+    """Every setting of a pass and of the long-running controller, with its default (the one
+    place defaults are written: __main__ reads the environment over them; the role's defaults are
+    checked against them in tests/unit/test_ctl_main.py)."""
+
     archive_dir: str
     event_namespace: str = "default"
     archive_namespace: str = ""  # "": records only on this host's disk
     # A name that found this process not leading is looked at again after this long (about a
     # renewal of the Lease: CNPA_LEASE_RETRY_SECONDS).
     not_leader_retry_seconds: float = 2.0
-    request_timeout: float = 10.0
+    request_timeout: float = DEFAULT_TIMEOUT
     # The executor's writes time out sooner with leader election (see __main__): 0, request_timeout.
     write_timeout: float = 0.0
     resync_seconds: float = 300.0

@@ -68,6 +68,11 @@ MISSING = {"missing": True}  # the record of a Lease that does not exist (observ
 # Candidates that are not leading poll with jitter (as client-go's JitterUntil) so that they do
 # not all hit the API server in the same instant after a leader goes.
 JITTER = 0.2
+# Defaults, the role's too: a leader that stops renewing is replaced about LEASE_SECONDS +
+# RETRY_SECONDS later (docs/benchmark.md, "Leader lost"). The Lease's namespace is `default`
+# without the role, which has a namespace of its own (cnpa-system) but a bare run cannot assume it.
+LEASE_NAMESPACE, LEASE_NAME = "default", "cnpa-op"
+LEASE_SECONDS, RENEW_SECONDS, RETRY_SECONDS = 10, 7, 2
 
 def micro_time(wall: float) -> str:
     """A metav1.MicroTime: RFC 3339 with microseconds, in UTC."""
@@ -141,7 +146,8 @@ class Elector:
     """Campaign for, hold and give up one Lease. See the module docstring for the semantics."""
 
     def __init__(self, api: Api, namespace: str, name: str, identity: str, *,
-                 lease_seconds: float = 15, renew_seconds: float = 10, retry_seconds: float = 2,
+                 lease_seconds: float = LEASE_SECONDS, renew_seconds: float = RENEW_SECONDS,
+                 retry_seconds: float = RETRY_SECONDS,
                  on_change: Callable[[bool], None] | None = None, clock=boottime,
                  wall=time.time) -> None:
         if not 0 < retry_seconds < renew_seconds < lease_seconds:
