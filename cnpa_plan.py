@@ -1,13 +1,11 @@
-#!/usr/bin/env python3
 """What the TeamSpace controller writes, as a pure function of what it has read.
 
 `plan(teamspace, namespace, quota, now)` looks at one TeamSpace, the namespace `team-<name>` and
 the quota `team-quota` in it as the API server returned them (None when absent), and returns the
 writes that bring them to the desired state, in the order they must happen. It reads nothing,
 writes nothing and keeps no state: the same inputs always give the same plan, and a converged
-TeamSpace gives an empty one. reconcile.sh runs it for every TeamSpace of a pass
-(`python3 cnpa_plan.py plan TEAMSPACES NAMESPACES QUOTAS`); a long-running controller can import
-it and run it for one TeamSpace at a time.
+TeamSpace gives an empty one. The controller (cnpa_controller) runs it for every TeamSpace of a
+pass (`--once`, which reconcile.sh runs) and for one TeamSpace at a time from its watches.
 
 A planned write is a dict with named fields (see `Write`): the step it belongs to, the object it
 targets, the request (verb, patch type, body) and what to say once it went through. Problems that
@@ -22,7 +20,6 @@ from __future__ import annotations
 import json
 import math
 import re
-import sys
 from fractions import Fraction
 from typing import Any
 
@@ -427,47 +424,3 @@ def plan(teamspace: dict, namespace: dict | None, quota: dict | None, now: str) 
     return writes + _status_write(
         teamspace, status, f"status written (observedGeneration {meta.get('generation')}, Ready True)",
         fill_namespace_uid=namespace is None)
-
-
-def plan_all(teamspaces: list, namespaces: list, quotas: list, now: str) -> list:
-    """plan() for every TeamSpace, each with its own namespace and quota."""
-    ns_by_name = {n["metadata"]["name"]: n for n in namespaces}
-    quota_by_ns = {q["metadata"].get("namespace"): q for q in quotas}
-    writes = []
-    for t in teamspaces:
-        ns_name = f"team-{t['metadata']['name']}"
-        writes.extend(plan(t, ns_by_name.get(ns_name), quota_by_ns.get(ns_name), now))
-    return writes
-
-
-def _items(path: str) -> list:
-    with open(path, encoding="utf-8") as fh:
-        doc = json.load(fh)
-    return doc.get("items") or []
-
-
-def main(argv: list) -> int:
-    """plan NOW TEAMSPACES NAMESPACES QUOTAS: the writes as JSON lines, in STEPS order.
-    failed NOW TEAMSPACES FAILURES: status writes for failures ("name<TAB>reason<TAB>message")."""
-    if len(argv) == 5 and argv[0] == "plan":
-        writes = plan_all(_items(argv[2]), _items(argv[3]), _items(argv[4]), argv[1])
-    elif len(argv) == 4 and argv[0] == "failed":
-        by_name = {t["metadata"]["name"]: t for t in _items(argv[2])}
-        writes = []
-        with open(argv[3], encoding="utf-8") as fh:
-            for line in fh:
-                name, reason, message = ([*line.rstrip("\n").split("\t", 2), "", ""])[:3]
-                t = by_name.get(name)
-                if t is not None and not t["metadata"].get("deletionTimestamp"):
-                    writes.extend(failed_status(t, reason, message, argv[1]))
-    else:
-        print(main.__doc__, file=sys.stderr)
-        return 3
-    order = {s: i for i, s in enumerate(STEPS)}
-    for w in sorted(writes, key=lambda w: order[w["step"]]):
-        print(json.dumps(w, separators=(",", ":")))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
