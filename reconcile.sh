@@ -2,8 +2,8 @@
 # reconcile.sh - one pass of the TeamSpace controller (lab steps 3 and 6).
 #
 # Level-triggered: every pass lists the whole current state (TeamSpaces, managed namespaces,
-# quotas), asks the plan (cnpa_plan.py: a pure function of each TeamSpace, its namespace and its
-# quota) what to write, and writes only that. A pass over a converged cluster writes nothing at
+# quotas), asks the plan (cnpa_controller/plan.py: a pure function of each TeamSpace, its namespace
+# and its quota) what to write, and writes only that. A pass over a converged cluster writes nothing at
 # all (the lab's grader counts writes). It never deletes: the garbage collector removes a
 # namespace by following the ownerReference set here.
 #

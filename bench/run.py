@@ -27,7 +27,7 @@ measures:
              parallel, as created): time until all are archived, released and gone.
 Two more rows that are not controllers:
   floor      the same TeamSpace creates and the same finalizer, namespace, quota and status writes
-             (cnpa_plan.plan() of each created TeamSpace, sent as the watch controller's executor
+             (plan() of each created TeamSpace, sent as the watch controller's executor
              sends them) from one client with nothing to read or decide: the host's floor for
              "N new TeamSpaces converged"; then the N deletions, each followed at once by the
              writes the plan gives for it (archive record on disk and as a ConfigMap, finalizer
@@ -66,10 +66,10 @@ import kubernetes  # noqa: E402
 import yaml  # noqa: E402
 from kubernetes.client.rest import ApiException  # noqa: E402
 
-import cnpa_plan  # noqa: E402
 from cnpa_controller import Api, ApiError  # noqa: E402
 from cnpa_controller.controller import Settings  # noqa: E402
-from cnpa_controller.executor import Executor, request_of  # noqa: E402
+from cnpa_controller.executor import Executor, request_of, written_key  # noqa: E402
+from cnpa_controller.plan import plan  # noqa: E402
 from testhost import instance as testhost  # noqa: E402
 
 GROUP, VERSION, PLURAL = "platform.labhub.io", "v1alpha1", "teamspaces"
@@ -253,7 +253,7 @@ class Bench:
             self.sh(f"rm -rf {where}/cnpa_controller")
             for f in sorted(package.glob("*.py")):
                 self.put(f"{where}/cnpa_controller/{f.name}", f.read_text())
-            self.sh(f"python3 -m compileall -q {where}/cnpa_controller {where}/cnpa_plan.py")
+            self.sh(f"python3 -m compileall -q {where}")
 
     def teamspace_storage_ready(self) -> bool:
         try:
@@ -750,7 +750,7 @@ class Bench:
 
     def run_floor(self, n: int) -> dict:
         """The host's floor for N new TeamSpaces converged: what the watch controller writes for
-        each (cnpa_plan.plan() of the TeamSpace as created: finalizer, namespace, quota, status),
+        each (plan() of the TeamSpace as created: finalizer, namespace, quota, status),
         sent by one client as soon as each TeamSpace exists, with no list, watch or cache: no
         controller can do less. FLOOR_IN_FLIGHT TeamSpaces at a time: with the creating client's 8,
         a loaded machine made the floor wait on its own round trips (200 at N = 200 took 27 s, the
@@ -765,10 +765,11 @@ class Bench:
             ts = self.api.request("POST", f"/apis/{GROUP}/{VERSION}/{PLURAL}",
                                   body=new_teamspace(prefix, i))
             written: dict = {}
-            for w in cnpa_plan.plan(ts, None, None, now):
+            for w in plan(ts, None, None, now):
                 method, path, ctype, body = request_of(w, written)
                 out = self.api.request(method, path, body=body, content_type=ctype)
-                written[w["key"]] = (out["metadata"]["resourceVersion"], out["metadata"]["uid"])
+                written[written_key(method, path, body)] = (out["metadata"]["resourceVersion"],
+                                                            out["metadata"]["uid"])
                 sent["requests"] += 1
 
         def send(prefix: str, n: int) -> None:
@@ -794,7 +795,7 @@ class Bench:
         def one(i: int) -> None:
             ts = self.api.request("DELETE", f"/apis/{GROUP}/{VERSION}/{PLURAL}/{prefix}{i:03d}")
             now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-            result = executor.execute(ts, cnpa_plan.plan(ts, None, None, now), now)
+            result = executor.execute(ts, plan(ts, None, None, now), now)
             if result.failed:
                 raise ApiError(0, "", f"floor deletion of {prefix}{i:03d}: {result.errors}")
 

@@ -3,7 +3,7 @@
 
 Watch-fed caches of TeamSpaces, their namespaces and quotas (cache.py) queue the names of the
 TeamSpaces whose objects changed (workqueue.py); workers reconcile each with the plan
-(cnpa_plan.plan, one implementation of what to write) and send its writes (executor.py);
+(plan.py: one pure function decides what to write) and send its writes (executor.py);
 controller.py wires them, once.py makes one pass, __main__.py reads the configuration. Every
 request goes through api.py.
 """

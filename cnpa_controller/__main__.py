@@ -1,7 +1,7 @@
 """python3 -m cnpa_controller: cnpa-op's long-running TeamSpace controller.
 
 Watches TeamSpaces, their namespaces and quotas, and reconciles each TeamSpace whose objects
-changed with the plan reconcile.sh uses (cnpa_plan.py, importable beside this package). Runs until
+changed with the plan (plan.py) and the executor every pass uses (executor.py). Runs until
 SIGTERM or SIGINT, then finishes the passes under way, gives up its Lease and exits 0.
 
 stdout (the journal): one line per write that went through ("teamspace NAME: WHAT"), as

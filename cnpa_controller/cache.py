@@ -31,9 +31,8 @@ import threading
 import time
 from typing import Callable
 
-from cnpa_plan import API_VERSION, LABEL, QUOTA
-
 from .api import Api, ApiError
+from .plan import API_VERSION, LABEL, QUOTA
 
 NAMESPACE_PREFIX = "team-"
 

@@ -24,8 +24,7 @@ import traceback
 from dataclasses import dataclass
 from typing import Any, Callable
 
-import cnpa_plan
-
+from . import plan
 from .api import DEFAULT_TIMEOUT, Api
 from .cache import Caches
 from .executor import Executor
@@ -165,7 +164,7 @@ class Controller:
             self.queue.forget(name)  # gone: its namespace goes with it (ownerReference)
             return
         now = utc_now()
-        writes = cnpa_plan.plan(teamspace, namespace, quota, now)
+        writes = plan.plan(teamspace, namespace, quota, now)
         if not writes:
             self.queue.forget(name)
             self.metrics.inc("cnpa_reconciles_total", {"result": "converged"})

@@ -1,8 +1,10 @@
-"""Send one TeamSpace's planned writes, with reconcile.sh's semantics.
+"""Send one TeamSpace's planned writes: the one executor, of every pass (--once, reconcile.sh)
+and of the long-running controller.
 
-The plan (cnpa_plan.plan) decides every write; this module only carries them out, one TeamSpace
-at a time, and so each write's error belongs to that TeamSpace by construction:
-- steps in the plan's order (cnpa_plan.STEPS); a write that fails leaves its TeamSpace out of the
+The plan (plan.plan) decides every write; this module turns each intent into its request and
+sends it, one TeamSpace at a time, and so each write's error belongs to that TeamSpace by
+construction:
+- steps in the plan's order (plan.STEPS); a write that fails leaves its TeamSpace out of the
   later steps, so its status never claims what is not in place;
 - a status replace carries the resourceVersion our own earlier write returned (else it would
   conflict with it) and the uid of the namespace created a moment ago;
@@ -10,21 +12,20 @@ at a time, and so each write's error belongs to that TeamSpace by construction:
   its directory flushed before its finalizer may be released; an earlier record of the same name
   with another uid is kept as NAME.UID.json; an archive directory that is missing or was replaced
   (the service's sandbox still binds the old one) refuses every release: the controller then
-  exits 4, as reconcile.sh does, so that systemd restarts it with fresh mounts;
+  exits 4 so that systemd restarts it with fresh mounts;
 - a quota's guarded replace (resourceVersion) that fails is followed by its fallback, an
   unguarded merge patch, sent alone;
 - patches of a TeamSpace are guarded by its uid (a JSON patch test op): a TeamSpace deleted and
   made again under the same name since the cache saw it is never patched by mistake;
 - a conflict (optimistic concurrency) is routine: logged, retried, no Event; another failure is a
-  Warning Event and, unless it was the status write itself, Ready False (cnpa_plan.failed_status);
-- Events are named from (uid, reason, message), as reconcile.sh names them, so a problem is one
+  Warning Event and, unless it was the status write itself, Ready False (plan.failed_status);
+- Events are named from (uid, reason, message), as earlier versions named them, so a problem is one
   Event however often it is seen; the Events of the plan's writes (QuotaReverted) go out once the
   write went through.
 """
 
 from __future__ import annotations
 
-import copy
 import errno
 import fnmatch
 import hashlib
@@ -37,15 +38,14 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-import cnpa_plan
-from cnpa_plan import API_VERSION, LABEL, NAMESPACE_NOT_OURS, STEPS
-
+from . import plan
 from .api import Api, ApiError, path_of
+from .plan import API_VERSION, FINALIZER, LABEL, NAMESPACE_NOT_OURS, STEPS
 
-ARCHIVE_FAILED = cnpa_plan.ARCHIVE_FAILED
+ARCHIVE_FAILED = plan.ARCHIVE_FAILED
 CONFLICT = "Conflict"
 MANAGED_BY = ("app.kubernetes.io/managed-by", "cnpa-op")
-CONTENT_TYPES = {"json": "application/json-patch+json", "merge": "application/merge-patch+json"}
+JSON_PATCH, MERGE_PATCH = "application/json-patch+json", "application/merge-patch+json"
 # Events already recorded by this process (name -> when): not sent again for EVENT_RESEND
 # seconds. The API server deletes Events after its TTL (1 h by default), and a problem that lasts
 # must keep its Event as reconcile.sh's passes keep it; a resend of one still there is answered
@@ -113,29 +113,64 @@ def same_record(have: dict, want: dict) -> bool:
             and all(labels.get(k) == v for k, v in want["metadata"]["labels"].items()))
 
 
-def request_of(write: dict, written: dict) -> tuple[str, str, str | None, object]:
-    """(method, path, content type, body) of a planned write. written: key -> (resourceVersion,
-    uid) of what this pass already wrote, filled into a status replace as reconcile.sh does."""
-    obj = write["object"]
-    verb, sub = write["verb"], write.get("subresource") or ""
-    if verb == "create":
-        return "POST", path_of(obj, collection=True), None, obj
-    if verb == "replace":
-        body = obj
-        if write["step"] == "status":
-            body = copy.deepcopy(obj)
-            if write["key"] in written:
-                body["metadata"]["resourceVersion"] = written[write["key"]][0]
-            fill = (write.get("fill") or {}).get("namespaceUID")
-            if fill:
-                body["status"]["namespaceUID"] = (written.get(fill) or (None, None))[1]
-        return "PUT", path_of(obj, subresource=sub), None, body
-    if verb == "patch":
-        body = write["patch"]
-        if write["patch_type"] == "json" and obj.get("kind") == "TeamSpace" and write.get("uid"):
-            body = [{"op": "test", "path": "/metadata/uid", "value": write["uid"]}, *body]
-        return "PATCH", path_of(obj, subresource=sub), CONTENT_TYPES[write["patch_type"]], body
-    raise ValueError(f"the plan has a verb this executor does not know: {verb!r}")
+def _teamspace_path(name: str, subresource: str = "") -> str:
+    return path_of({"apiVersion": API_VERSION, "kind": "TeamSpace", "metadata": {"name": name}},
+                   subresource=subresource)
+
+
+def _guarded(intent: plan.Intent, ops: list) -> list:
+    """A JSON patch of a TeamSpace, guarded by its uid: a TeamSpace deleted and made again under
+    the same name since it was read is never patched by mistake."""
+    return [{"op": "test", "path": "/metadata/uid", "value": intent.uid}, *ops] if intent.uid else ops
+
+
+def _remove_ours_at(index: int) -> list:
+    return [{"op": "test", "path": f"/metadata/finalizers/{index}", "value": FINALIZER},
+            {"op": "remove", "path": f"/metadata/finalizers/{index}"}]
+
+
+def request_of(intent: plan.Intent, written: dict, *, fallback: bool = False
+               ) -> tuple[str, str, str | None, object]:
+    """(method, path, content type, body) of an intent. written: path -> (resourceVersion, uid) of
+    what this TeamSpace's earlier writes returned. fallback: a SetQuota's second request."""
+    if isinstance(intent, plan.AddFinalizer):
+        ops = ([{"op": "test", "path": "/metadata/finalizers", "value": None},
+                {"op": "add", "path": "/metadata/finalizers", "value": [FINALIZER]}]
+               if intent.first else [{"op": "add", "path": "/metadata/finalizers/-", "value": FINALIZER}])
+        return "PATCH", _teamspace_path(intent.teamspace), JSON_PATCH, _guarded(intent, ops)
+    if isinstance(intent, (plan.RemoveDuplicateFinalizer, plan.ReleaseFinalizer)):
+        return ("PATCH", _teamspace_path(intent.teamspace), JSON_PATCH,
+                _guarded(intent, _remove_ours_at(intent.index)))
+    if isinstance(intent, plan.CreateNamespace):
+        return "POST", path_of(intent.namespace, collection=True), None, intent.namespace
+    if isinstance(intent, plan.RestoreNamespaceOwner):
+        # The resourceVersion makes the merge patch conditional.
+        return ("PATCH", f"/api/v1/namespaces/{intent.namespace}", MERGE_PATCH,
+                {"metadata": {"resourceVersion": intent.resource_version,
+                              "ownerReferences": intent.owner_references}})
+    if isinstance(intent, plan.CreateQuota):
+        return "POST", path_of(intent.quota, collection=True), None, intent.quota
+    if isinstance(intent, plan.SetQuota):
+        if fallback:
+            return ("PATCH", path_of(intent.quota), MERGE_PATCH,
+                    {"spec": {"hard": {**dict.fromkeys(intent.remove), **intent.hard}}})
+        return "PUT", path_of(intent.quota), None, intent.quota
+    if isinstance(intent, plan.SetStatus):
+        body = json.loads(json.dumps(intent.teamspace_object))
+        mine = written.get(_teamspace_path(intent.teamspace))
+        if mine:  # our own finalizer patch a moment ago: else this replace conflicts with it
+            body["metadata"]["resourceVersion"] = mine[0]
+        if intent.namespace_created:
+            ns = written.get(f"/api/v1/namespaces/team-{intent.teamspace}")
+            body["status"]["namespaceUID"] = ns[1] if ns else None
+        return "PUT", _teamspace_path(intent.teamspace, "status"), None, body
+    raise ValueError(f"the plan has an intent this executor does not know: {intent!r}")
+
+
+def written_key(method: str, path: str, body: object) -> str:
+    """The object a request wrote, as request_of's `written` names it: its path (a create is sent
+    to its collection, a status replace to the subresource)."""
+    return path_of(body) if method == "POST" else path.removesuffix("/status")
 
 
 def _short_json(value: object) -> str:
@@ -204,25 +239,21 @@ class Executor:
         written: dict[str, tuple] = {}
         failures: list[tuple[str, str]] = []
         try:
-            for w in sorted(writes, key=lambda w: order[w["step"]]):
+            for w in sorted(writes, key=lambda w: order[w.step]):
                 if result.failed:
                     break  # later steps of a TeamSpace whose write failed are left out
-                step = w["step"]
-                if step == "problem":
+                if isinstance(w, plan.Report):
                     result.problems = True
-                    self.log(f"TeamSpace {w['teamspace']}: {w['event']['message']}")
-                    self.event(w["teamspace"], w["uid"], w["event"]["type"], w["event"]["reason"],
-                               w["event"]["message"], now)
-                elif step == "archive":
+                    self.log(f"TeamSpace {w.teamspace}: {w.event.message}")
+                    self.event(w.teamspace, w.uid, w.event, now)
+                elif isinstance(w, plan.Archive):
                     self._archive(w, result, failures)
-                elif step in ("finalizer", "release", "namespace", "quota", "status"):
-                    self._send(w, written, result, failures, now)
                 else:
-                    raise ValueError(f"the plan has a step this executor does not know: {step}")
+                    self._send(w, written, result, failures, now)
             # Writes that failed for a reason the owner should see: Ready False, once.
             if failures and not teamspace["metadata"].get("deletionTimestamp"):
                 reason, message = failures[0]
-                for w in cnpa_plan.failed_status(teamspace, reason, message, now):
+                for w in plan.failed_status(teamspace, reason, message, now):
                     self._send(w, written, result, [], now)
         except TeamSpaceGone:
             self.log(f"TeamSpace {teamspace['metadata']['name']}: gone; nothing more to write")
@@ -236,49 +267,52 @@ class Executor:
         if not self.may_write():
             raise NotLeader()
 
-    def _send(self, w: dict, written: dict, result: Result, failures: list, now: str) -> None:
+    def _send(self, w: plan.Intent, written: dict, result: Result, failures: list,
+              now: str) -> None:
         self._check_leader()
         try:
-            obj = self._request(w, written)
+            path, obj = self._request(w, written)
         except ApiError as exc:
-            if not w.get("fallback"):
-                self._failed_write(w, exc, result, failures, now)
+            if not isinstance(w, plan.SetQuota):
+                self._failed_write(w, w.op, exc, result, failures, now)
                 return
             # The guarded replace lost (to quota admission's status updates, or to an edit):
             # the fallback cannot lose, and what it says is about this quota only.
-            w = {**{k: v for k, v in w.items() if k != "fallback"}, **w["fallback"]}
             self._check_leader()
             try:
-                obj = self._request(w, written)
+                path, obj = self._request(w, written, fallback=True)
             except ApiError as exc2:
-                self._failed_write(w, exc2, result, failures, now)
+                self._failed_write(w, "patch", exc2, result, failures, now)
                 return
         meta = obj.get("metadata") or {}
-        written[w["key"]] = (meta.get("resourceVersion"), meta.get("uid"))
+        written[path] = (meta.get("resourceVersion"), meta.get("uid"))
         if obj.get("kind"):
             self.observe(obj)
         result.writes += 1
-        self.count("cnpa_writes_total", {"step": w["step"], "op": w["op"]})
-        self.say(w["teamspace"], w["says"])
-        ev = w.get("event")
+        self.count("cnpa_writes_total", {"step": w.step, "op": w.op})
+        self.say(w.teamspace, w.says)
+        ev = getattr(w, "event", None)
         if ev:
-            self.event(w["teamspace"], w["uid"], ev["type"], ev["reason"], ev["message"], now)
+            self.event(w.teamspace, w.uid, ev, now)
 
-    def _request(self, w: dict, written: dict) -> dict:
-        method, path, ctype, body = request_of(w, written)
-        return self.api.request(method, path, body=body, content_type=ctype)
+    def _request(self, w: plan.Intent, written: dict, *, fallback: bool = False) -> tuple[str, dict]:
+        method, path, ctype, body = request_of(w, written, fallback=fallback)
+        answer = self.api.request(method, path, body=body, content_type=ctype)
+        return written_key(method, path, body), answer
 
-    def _failed_write(self, w: dict, exc: ApiError, result: Result, failures: list,
-                      now: str) -> None:
-        step, op, name = w["step"], w["op"], w["teamspace"]
+    def _failed_write(self, w: plan.Intent, op: str, exc: ApiError, result: Result,
+                      failures: list, now: str) -> None:
+        step, name = w.step, w.teamspace
         err = str(exc) or "no message"
-        if exc.status == 404 and (w.get("object") or {}).get("kind") == "TeamSpace":
+        on_teamspace = isinstance(w, (plan.AddFinalizer, plan.RemoveDuplicateFinalizer,
+                                      plan.ReleaseFinalizer, plan.SetStatus))
+        if exc.status == 404 and on_teamspace:
             # The TeamSpace itself is gone (released a moment ago, the watch not there yet):
             # nothing to retry and nothing to tell its owner.
             result.gone = True
             raise TeamSpaceGone()
-        if step == "namespace" and op == "create" and exc.reason == "AlreadyExists":
-            if self._namespace_labelled(w["object"]["metadata"]["name"]):
+        if isinstance(w, plan.CreateNamespace) and exc.reason == "AlreadyExists":
+            if self._namespace_labelled(w.namespace["metadata"]["name"]):
                 # Ours (or labelled for a TeamSpace, which the plan judges): the cache has not
                 # seen it yet. Retried, and then the plan sees it.
                 self._fail(w, result, failures, CONFLICT,
@@ -302,24 +336,24 @@ class Executor:
             return False
         return LABEL in ((obj.get("metadata") or {}).get("labels") or {})
 
-    def _fail(self, w: dict, result: Result, failures: list, reason: str, message: str,
+    def _fail(self, w: plan.Intent, result: Result, failures: list, reason: str, message: str,
               now: str) -> None:
         """A write for one TeamSpace did not go through. The owner learns why from an Event and
         the Ready condition (conflicts excepted)."""
         result.failed = True
         result.errors.append(reason)
         self.count("cnpa_errors_total", {"reason": reason})
-        self.log(f"TeamSpace {w['teamspace']}: {message}")
+        self.log(f"TeamSpace {w.teamspace}: {message}")
         if reason == CONFLICT:
             return
-        self.event(w["teamspace"], w["uid"], "Warning", reason, message, now)
-        if w["step"] != "status":
+        self.event(w.teamspace, w.uid, plan.Event("Warning", reason, message), now)
+        if w.step != "status":
             failures.append((reason, message))
 
     # -- archive -----------------------------------------------------------------------------
-    def _archive(self, w: dict, result: Result, failures: list) -> None:
+    def _archive(self, w: plan.Archive, result: Result, failures: list) -> None:
         now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-        name, uid, d = w["teamspace"], w["uid"], self.archive_dir
+        name, uid, d = w.teamspace, w.uid, self.archive_dir
         if archive_directory_broken(d):
             result.archive_broken = True
             self._fail(w, result, failures, ARCHIVE_FAILED,
@@ -327,7 +361,7 @@ class Executor:
                        "keeping the finalizer until the service restarts (deletion waits)", now)
             return
         self._check_leader()
-        record = json.dumps(w["record"], separators=(",", ":"), ensure_ascii=False)
+        record = json.dumps(w.record, separators=(",", ":"), ensure_ascii=False)
         path = os.path.join(d, f"{name}.json" if len(name) <= 240 else f"{uid}.json")
         try:
             with open(path, encoding="utf-8") as fh:
@@ -364,7 +398,7 @@ class Executor:
         self.say(name, f"archived to {path}")
         self._archive_in_cluster(w, record, result, failures, now)
 
-    def _archive_in_cluster(self, w: dict, record: str, result: Result, failures: list,
+    def _archive_in_cluster(self, w: plan.Archive, record: str, result: Result, failures: list,
                             now: str) -> None:
         """With several controller hosts, the host that archived a deletion may die right after
         releasing the finalizer, and its disk with it: the record is also kept in the cluster,
@@ -374,7 +408,7 @@ class Executor:
         no record of this deletion, and the finalizer stays until it is removed."""
         if not self.archive_namespace:
             return
-        name, uid = w["teamspace"], w["uid"]
+        name, uid = w.teamspace, w.uid
         obj = archive_configmap(name, uid, record, self.archive_namespace)
         where = f"ConfigMap {self.archive_namespace}/{obj['metadata']['name']}"
         self._check_leader()
@@ -394,7 +428,7 @@ class Executor:
                            "deletion waits", now)
                 return
             if not same_record(have, obj):
-                self._fail(w, result, failures, cnpa_plan.ARCHIVE_RECORD_MISMATCH,
+                self._fail(w, result, failures, plan.ARCHIVE_RECORD_MISMATCH,
                            f"{where} exists but is not this deletion's record (it holds "
                            f"{_short_json(have.get('data'))}, labels "
                            f"{_short_json((have.get('metadata') or {}).get('labels'))}); not "
@@ -473,12 +507,13 @@ class Executor:
         raise OSError(errno.EEXIST, "no free temporary name", d)
 
     # -- Events ------------------------------------------------------------------------------
-    def event(self, name: str, uid: str, type_: str, reason: str, message: str, now: str) -> None:
+    def event(self, name: str, uid: str, event: plan.Event, now: str) -> None:
         """Record a problem as an Event on the TeamSpace, once per distinct problem. Best effort:
         a failure is logged, never fatal."""
         if not uid:
             return
-        obj = event_object(name, uid, type_, reason, message, self.event_namespace, now)
+        type_, reason = event.type, event.reason
+        obj = event_object(name, uid, type_, reason, event.message, self.event_namespace, now)
         ev = obj["metadata"]["name"]
         if time.monotonic() - self._recorded.get(ev, -EVENT_RESEND) < EVENT_RESEND:
             return

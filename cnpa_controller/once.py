@@ -17,8 +17,7 @@ import json
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable
 
-import cnpa_plan
-
+from . import plan
 from .api import Api, ApiError
 from .cache import Caches
 from .controller import EXIT_ARCHIVE, EXIT_OK
@@ -42,7 +41,7 @@ def plans(caches: Caches, now: str) -> list[tuple[dict, list]]:
     out = []
     for name in sorted(caches.teamspaces.list_keys()):
         teamspace, namespace, quota = caches.state(name)
-        writes = cnpa_plan.plan(teamspace, namespace, quota, now)
+        writes = plan.plan(teamspace, namespace, quota, now)
         if writes:
             out.append((teamspace, writes))
     return out
@@ -62,7 +61,7 @@ def run_pass(api: Api, *, archive_dir: str, event_namespace: str, archive_namesp
     if plan_only is not None:
         for _, writes in todo:
             for w in writes:
-                plan_only(json.dumps(w, separators=(",", ":")))
+                plan_only(json.dumps(plan.as_dict(w), separators=(",", ":")))
         return EXIT_OK
     if not todo:
         return EXIT_OK

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import io
 
-import cnpa_plan
+from cnpa_controller import plan
 from cnpa_controller.controller import Controller, Settings
 
 
@@ -27,7 +27,7 @@ def test_a_name_found_while_not_leading_is_looked_at_again_not_dropped(tmp_path)
     c = Controller(NoApi(), Settings(archive_dir=str(tmp_path), not_leader_retry_seconds=2.0),
                    make_elector=Follower, out=io.StringIO(), err=io.StringIO())
     c.caches.teamspaces._store["a"] = {
-        "apiVersion": cnpa_plan.API_VERSION, "kind": "TeamSpace",
+        "apiVersion": plan.API_VERSION, "kind": "TeamSpace",
         "metadata": {"name": "a", "uid": "u-1", "generation": 1, "resourceVersion": "5"},
         "spec": {"pods": 2}}
     c.reconcile("a")

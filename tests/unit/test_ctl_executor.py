@@ -11,12 +11,11 @@ import os
 
 import pytest
 
-import cnpa_plan
-from cnpa_controller import ApiError
+from cnpa_controller import ApiError, plan
 from cnpa_controller.executor import Executor, archive_configmap, event_name, request_of
 
 NOW = "2026-01-01T00:00:00Z"
-FIN = cnpa_plan.FINALIZER
+FIN = plan.FINALIZER
 
 
 def teamspace(name="a", uid="u-1", pods=3, finalizers=None, deleting=False, status=None, rv="7"):
@@ -25,7 +24,7 @@ def teamspace(name="a", uid="u-1", pods=3, finalizers=None, deleting=False, stat
         meta["finalizers"] = finalizers
     if deleting:
         meta["deletionTimestamp"] = NOW
-    t = {"apiVersion": cnpa_plan.API_VERSION, "kind": "TeamSpace", "metadata": meta,
+    t = {"apiVersion": plan.API_VERSION, "kind": "TeamSpace", "metadata": meta,
          "spec": {"pods": pods, "cpu": "1"}}
     if status is not None:
         t["status"] = status
@@ -69,7 +68,7 @@ def run(api, t, ns=None, quota=None, tmp_path=None, **kw):
     said, logged = [], []
     ex = Executor(api, archive_dir=str(tmp_path or "/nonexistent"), say=lambda n, w: said.append(w),
                   log=logged.append, **kw)
-    result = ex.execute(t, cnpa_plan.plan(t, ns, quota, NOW), NOW)
+    result = ex.execute(t, plan.plan(t, ns, quota, NOW), NOW)
     return result, said, logged
 
 
@@ -141,7 +140,7 @@ def test_an_existing_namespace_with_our_label_is_a_cache_not_yet_updated():
 
     def request(method, path, **kw):
         if method == "GET":
-            return {"kind": "Namespace", "metadata": {"labels": {cnpa_plan.LABEL: "a"}}}
+            return {"kind": "Namespace", "metadata": {"labels": {plan.LABEL: "a"}}}
         return real(method, path, **kw)
 
     api.request = request
@@ -154,8 +153,8 @@ def test_an_existing_namespace_with_our_label_is_a_cache_not_yet_updated():
 
 def test_a_lost_quota_replace_falls_back_to_a_merge_patch():
     t = teamspace(finalizers=[FIN], status={"namespaceUID": "ns-1", "observedGeneration": 1})
-    ns = {"metadata": {"name": "team-a", "uid": "ns-1", "labels": {cnpa_plan.LABEL: "a"},
-                       "ownerReferences": [cnpa_plan.owner_reference(t)]}}
+    ns = {"metadata": {"name": "team-a", "uid": "ns-1", "labels": {plan.LABEL: "a"},
+                       "ownerReferences": [plan.owner_reference(t)]}}
     quota = {"apiVersion": "v1", "kind": "ResourceQuota",
              "metadata": {"name": "team-quota", "namespace": "team-a", "resourceVersion": "5"},
              "spec": {"hard": {"pods": "9", "requests.cpu": "1"}}}
@@ -196,7 +195,7 @@ def test_the_archive_directory_is_listed_once_not_per_deletion(tmp_path, monkeyp
     ex = Executor(FakeApi(), archive_dir=str(tmp_path))
     for i in range(5):
         t = teamspace(name=f"t{i}", uid=f"u-{i}", finalizers=[FIN], deleting=True)
-        assert not ex.execute(t, cnpa_plan.plan(t, None, None, NOW), NOW).failed
+        assert not ex.execute(t, plan.plan(t, None, None, NOW), NOW).failed
     assert listed == [str(tmp_path)]
     assert not (tmp_path / ".old.json.Ab12cd").exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == [f"t{i}.json" for i in range(5)]
@@ -223,7 +222,7 @@ def test_a_broken_archive_directory_refuses_the_release(tmp_path):
     ex = Executor(api, archive_dir=str(tmp_path / "file" / "archive"),
                   say=lambda n, w: said.append(w), log=logged.append)
     t = teamspace(finalizers=[FIN], deleting=True)
-    result = ex.execute(t, cnpa_plan.plan(t, None, None, NOW), NOW)
+    result = ex.execute(t, plan.plan(t, None, None, NOW), NOW)
     assert result.archive_broken and result.failed
     assert api.writes() == []  # no release, and no status on a deleting TeamSpace
     assert [b["reason"] for m, p, _, b in api.calls if p.endswith("/events")] == ["ArchiveFailed"]
@@ -242,7 +241,7 @@ def test_a_problem_is_logged_and_recorded_once():
     api = FakeApi()
     ex = Executor(api, archive_dir="/nonexistent")
     for _ in range(3):
-        result = ex.execute(t, cnpa_plan.plan(t, None, None, NOW), NOW)
+        result = ex.execute(t, plan.plan(t, None, None, NOW), NOW)
         assert result.problems
     assert len([c for c in api.calls if c[1].endswith("/events")]) == 1
 
@@ -253,11 +252,9 @@ def test_event_names_stay_what_earlier_versions_named_them():
     assert event_name("a", "u-1", "QuotaScoped", "quota x y") == "a.cnpa.797faa88c26c05cb"
 
 
-@pytest.mark.parametrize("verb", ["bogus"])
-def test_an_unknown_verb_is_an_error_not_a_skipped_write(verb):
+def test_an_unknown_intent_is_an_error_not_a_skipped_write():
     with pytest.raises(ValueError):
-        request_of({"verb": verb, "step": "quota", "object": {"kind": "Namespace",
-                                                               "metadata": {"name": "x"}}}, {})
+        request_of(plan.Intent("a", "u", "something"), {})
 
 
 def test_archive_temporary_names_are_what_the_sweep_removes(tmp_path):
@@ -349,10 +346,10 @@ def test_a_lasting_problem_gets_its_event_again_once_the_server_may_have_dropped
     api = FakeApi()
     ex = Executor(api, archive_dir="/nonexistent")
     for _ in range(2):
-        ex.execute(t, cnpa_plan.plan(t, None, None, NOW), NOW)
+        ex.execute(t, plan.plan(t, None, None, NOW), NOW)
     assert len([c for c in api.calls if c[1].endswith("/events")]) == 1
     monkeypatch.setattr("cnpa_controller.executor.EVENT_RESEND", 0.0)
-    ex.execute(t, cnpa_plan.plan(t, None, None, NOW), NOW)
+    ex.execute(t, plan.plan(t, None, None, NOW), NOW)
     assert len([c for c in api.calls if c[1].endswith("/events")]) == 2
 
 

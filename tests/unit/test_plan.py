@@ -1,4 +1,5 @@
-"""cnpa_plan: the pure decision of what to write, called directly (no kubectl, no files)."""
+"""plan: the pure decision of what to write, called directly (no API server, no files): typed
+intents, in the spec's nouns."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-import cnpa_plan as p
+from cnpa_controller import plan as p
 
 NOW = "2026-12-03T00:00:00Z"
 
@@ -64,48 +65,52 @@ def test_converged_plans_nothing():
 
 def test_a_namespace_recorded_in_status_is_ours_even_without_the_reference():
     plan = p.plan(ts(status=converged_status()), ns(owner_uid=None), quota(), NOW)
-    assert [(w["step"], w["op"]) for w in plan] == [("namespace", "patch")]
+    assert [type(w) for w in plan] == [p.RestoreNamespaceOwner]
+    assert plan[0].owner_references == [p.owner_reference(ts())]
+    assert plan[0].resource_version == "2"
 
 
 def test_a_labelled_namespace_without_our_reference_or_record_is_not_ours():
     plan = p.plan(ts(), ns(owner_uid=None), quota(), NOW)
-    assert [(w["step"], w["op"]) for w in plan] == [("problem", "report"), ("status", "replace")]
-    assert plan[0]["event"]["reason"] == p.NAMESPACE_NOT_OURS
-    assert plan[1]["object"]["status"]["conditions"][0]["status"] == "False"
+    assert [type(w) for w in plan] == [p.Report, p.SetStatus]
+    assert plan[0].event.reason == p.NAMESPACE_NOT_OURS
+    assert plan[1].teamspace_object["status"]["conditions"][0]["status"] == "False"
 
 
 def test_ready_transition_time_moves_only_when_ready_changes():
     st = converged_status()
     st["observedGeneration"] = 0
     [w] = p.plan(ts(status=st), ns(), quota(), NOW)
-    assert w["object"]["status"]["conditions"][0]["lastTransitionTime"] == "2026-01-01T00:00:00Z"
+    assert w.teamspace_object["status"]["conditions"][0]["lastTransitionTime"] == "2026-01-01T00:00:00Z"
     [_, w] = p.plan(ts(status=converged_status(), cpu="abc"), ns(), quota(), NOW)
-    assert w["object"]["status"]["conditions"][0]["lastTransitionTime"] == NOW
+    assert w.teamspace_object["status"]["conditions"][0]["lastTransitionTime"] == NOW
 
 
 def test_deletion_is_archived_whoever_holds_it():
     t = ts(finalizers=["example.com/x"])
     t["metadata"]["deletionTimestamp"] = NOW
-    assert [(w["step"], w["record"]) for w in p.plan(t, None, None, NOW)] == [
-        ("archive", {"name": "a", "uid": "u", "pods": 4})]
+    assert p.plan(t, None, None, NOW) == [
+        p.Archive("a", "u", "archived", record={"name": "a", "uid": "u", "pods": 4})]
+    t["metadata"]["finalizers"].append(p.FINALIZER)
+    assert [type(w) for w in p.plan(t, None, None, NOW)] == [p.Archive, p.ReleaseFinalizer]
+    assert p.plan(t, None, None, NOW)[1].index == 1
 
 
 def test_quota_drift_is_a_guarded_replace_with_an_unguarded_patch_to_fall_back_on():
     drifted = quota(pods="9", secrets="1", **{"requests.cpu": "1"})
     drifted["metadata"]["resourceVersion"] = "7"
     [w] = p.plan(ts(status=converged_status()), ns(), drifted, NOW)
-    assert w["verb"] == "replace" and w["object"]["metadata"]["resourceVersion"] == "7"
-    assert w["object"]["spec"] == {"hard": {"pods": "4", "requests.cpu": "1"}}
-    assert w["event"]["reason"] == p.QUOTA_REVERTED
-    fb = w["fallback"]
-    assert (fb["verb"], fb["patch_type"]) == ("patch", "merge")
-    assert fb["patch"] == {"spec": {"hard": {"secrets": None, "pods": "4", "requests.cpu": "1"}}}
+    assert isinstance(w, p.SetQuota) and w.quota["metadata"]["resourceVersion"] == "7"
+    assert w.quota["spec"] == {"hard": {"pods": "4", "requests.cpu": "1"}}
+    assert w.hard == {"pods": "4", "requests.cpu": "1"} and w.remove == ("secrets",)
+    assert w.event.reason == p.QUOTA_REVERTED
 
 
 def test_every_write_names_its_step_and_target():
     for name in "abc":
         for w in p.plan(ts(name=name, finalizers=()), None, None, NOW):
-            assert w["step"] in p.STEPS and w["teamspace"] == name and w["says"]
+            assert w.step in p.STEPS and w.teamspace == name and w.uid == "u" and w.says
+            assert p.as_dict(w)["intent"] == type(w).__name__
 
 
 @pytest.mark.parametrize("spec,stored", [("0.0005", "1m"), ("500u", "1m"), ("100n", "1m"),
@@ -120,8 +125,8 @@ def test_quota_cpu_compares_as_the_server_stores_it(spec, stored):
 def test_an_unrecorded_namespace_controlled_by_us_and_as_we_make_it_is_ours():
     # Created by a pass that ended before its status write: the next pass adopts it.
     plan = p.plan(ts(), ns(uid="ns-new"), quota(), NOW)
-    assert [(w["step"], w["op"]) for w in plan] == [("status", "replace")]
-    assert plan[0]["object"]["status"]["namespaceUID"] == "ns-new"
+    assert [type(w) for w in plan] == [p.SetStatus]
+    assert plan[0].teamspace_object["status"]["namespaceUID"] == "ns-new"
 
 
 @pytest.mark.parametrize("status", [None, converged_status()])
@@ -130,12 +135,12 @@ def test_a_forged_namespace_with_our_reference_and_labels_of_its_own_is_not_ours
     copied from the TeamSpace's public uid and labels of their own: refused, never adopted."""
     forged = ns(uid="ns-forged", **{"pod-security.kubernetes.io/enforce": "privileged"})
     plan = p.plan(ts(status=status), forged, None, NOW)
-    assert [(w["step"], w["op"]) for w in plan] == [("problem", "report"), ("status", "replace")]
-    assert plan[0]["event"]["reason"] == p.NAMESPACE_NOT_OURS
-    assert "pod-security.kubernetes.io/enforce" in plan[0]["event"]["message"]
+    assert [type(w) for w in plan] == [p.Report, p.SetStatus]
+    assert plan[0].event.reason == p.NAMESPACE_NOT_OURS
+    assert "pod-security.kubernetes.io/enforce" in plan[0].event.message
     annotated = ns(uid="ns-forged")
     annotated["metadata"]["annotations"] = {"scheduler.alpha.kubernetes.io/node-selector": "x=y"}
-    assert p.plan(ts(status=status), annotated, None, NOW)[0]["event"]["reason"] == p.NAMESPACE_NOT_OURS
+    assert p.plan(ts(status=status), annotated, None, NOW)[0].event.reason == p.NAMESPACE_NOT_OURS
 
 
 def test_our_recorded_namespace_may_carry_labels_its_team_added():

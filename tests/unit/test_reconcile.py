@@ -2,7 +2,7 @@
 
 The pass itself is `python3 -m cnpa_controller --once` (tests/unit/test_ctl_executor.py for its
 writes, tests/controller/test_once.py for whole passes through this script against a real API
-server). Here the script runs as the role installs it: beside cnpa_plan.py and the package.
+server). Here the script runs as the role installs it: beside the package.
 """
 
 from __future__ import annotations
@@ -25,11 +25,10 @@ pytestmark = pytest.mark.skipif(not (shutil.which("flock") and shutil.which("tim
 
 @pytest.fixture
 def installed(tmp_path):
-    """reconcile.sh, cnpa_plan.py and cnpa_controller/*.py in one directory, as installed."""
+    """reconcile.sh and cnpa_controller/*.py beside it, as installed."""
     d = tmp_path / "cnpa-op"
     (d / "cnpa_controller").mkdir(parents=True)
     shutil.copy(ROOT / "reconcile.sh", d)
-    shutil.copy(ROOT / "cnpa_plan.py", d)
     for f in (ROOT / "cnpa_controller").glob("*.py"):
         shutil.copy(f, d / "cnpa_controller")
     return d

@@ -7,10 +7,12 @@ writes nothing and keeps no state: the same inputs always give the same plan, an
 TeamSpace gives an empty one. The controller (cnpa_controller) runs it for every TeamSpace of a
 pass (`--once`, which reconcile.sh runs) and for one TeamSpace at a time from its watches.
 
-A planned write is a dict with named fields (see `Write`): the step it belongs to, the object it
-targets, the request (verb, patch type, body) and what to say once it went through. Problems that
-no write can fix are `problem` entries: the executor logs them and records a Warning Event, and
-the TeamSpace's status says Ready False with the same reason and message.
+A plan is a list of intents, one dataclass per kind of write (AddFinalizer, Archive,
+CreateNamespace, SetQuota, SetStatus, ...): what it is about and what it wants, in the spec's
+nouns, never how it is sent (the executor turns each into its request). Every intent names its
+TeamSpace and the line said once it went through. Problems that no write can fix are Report
+intents: the executor logs them and records a Warning Event, and the TeamSpace's status says
+Ready False with the same reason and message.
 
 Python 3.9+, standard library only (the lab VM's python3; the `kubernetes` client is not needed).
 """
@@ -20,8 +22,9 @@ from __future__ import annotations
 import json
 import math
 import re
+from dataclasses import asdict, dataclass
 from fractions import Fraction
-from typing import Any
+from typing import Any, ClassVar
 
 GROUP = "platform.labhub.io"
 API_VERSION = f"{GROUP}/v1alpha1"
@@ -64,8 +67,120 @@ _SUFFIX = {"": Fraction(1), "n": Fraction(1, 10**9), "u": Fraction(1, 10**6),
 # Exponents beyond this are out of any range the API server stores.
 _MAX_EXPONENT = 100
 
-Write = dict  # step, op, teamspace, uid, key, verb, patch_type, subresource, object, patch,
-#               record, event, says; see _write()
+
+
+# -- the intents ----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Event:
+    type: str  # Normal or Warning
+    reason: str
+    message: str
+
+
+@dataclass(frozen=True)
+class Intent:
+    """One write for one TeamSpace (name and uid); `says` is the line printed once it went
+    through. `step` orders the writes of a TeamSpace (STEPS); step and op name them in metrics
+    and in the reason of a failure (StepOpFailed)."""
+
+    teamspace: str
+    uid: str
+    says: str
+    step: ClassVar[str] = ""
+    op: ClassVar[str] = ""
+
+    def __init_subclass__(cls, step: str = "", op: str = "", **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        cls.step, cls.op = step, op
+
+
+@dataclass(frozen=True)
+class Report(Intent, step="problem", op="report"):
+    """A problem no write can fix: logged, and recorded as a Warning Event (Ready False follows
+    as a SetStatus of its own)."""
+
+    event: Event
+
+
+@dataclass(frozen=True)
+class AddFinalizer(Intent, step="finalizer", op="add"):
+    """Our finalizer on a live TeamSpace. `first`: it has no finalizer list yet, and one is made
+    only if there still is none (a list another client adds meanwhile is never replaced);
+    otherwise ours is appended to the list as it is when the write arrives."""
+
+    first: bool
+
+
+@dataclass(frozen=True)
+class RemoveDuplicateFinalizer(Intent, step="finalizer", op="dedup"):
+    """Ours twice (an old version's passes raced): the copy at `index` goes, if it is still ours
+    there (a list changed meanwhile makes the write fail instead of removing another)."""
+
+    index: int
+
+
+@dataclass(frozen=True)
+class Archive(Intent, step="archive", op="write"):
+    """The record of a deleting TeamSpace, kept before our finalizer is released."""
+
+    record: dict  # name, uid, pods
+
+
+@dataclass(frozen=True)
+class ReleaseFinalizer(Intent, step="release", op="remove"):
+    """Our finalizer off a deleting TeamSpace once its archive record is kept, if it is still at
+    `index`."""
+
+    index: int
+
+
+@dataclass(frozen=True)
+class CreateNamespace(Intent, step="namespace", op="create"):
+    """team-NAME, labelled for the TeamSpace and controlled by it: the garbage collector deletes
+    it after the TeamSpace, nothing here ever does."""
+
+    namespace: dict  # the Namespace as it is to be created
+
+
+@dataclass(frozen=True)
+class RestoreNamespaceOwner(Intent, step="namespace", op="patch"):
+    """Our namespace lost or had its ownerReference altered: set to `owner_references`, only if
+    it is still at `resource_version` (a namespace changed since the read waits for the next
+    pass)."""
+
+    namespace: str
+    resource_version: str
+    owner_references: list
+
+
+@dataclass(frozen=True)
+class CreateQuota(Intent, step="quota", op="create"):
+    """team-quota in the TeamSpace's namespace, with the limits its spec asks for."""
+
+    quota: dict  # the ResourceQuota as it is to be created
+
+
+@dataclass(frozen=True)
+class SetQuota(Intent, step="quota", op="replace"):
+    """The quota's limits set to `hard`. First the quota as read (`quota`, with those limits),
+    guarded by its resourceVersion; quota admission updates its status on every pod create, and
+    a guarded write can lose to that every time, so then the limits alone, unguarded, with the
+    ones we do not set removed (`remove`). `event`: a revert of somebody's edit is news."""
+
+    quota: dict
+    hard: dict
+    remove: tuple
+    event: Event | None
+
+
+@dataclass(frozen=True)
+class SetStatus(Intent, step="status", op="replace"):
+    """The TeamSpace's status replaced by `teamspace_object`'s. `namespace_created`: the namespace
+    is created earlier in the same pass, and its uid, known only then, goes into
+    status.namespaceUID."""
+
+    teamspace_object: dict
+    namespace_created: bool
 
 
 def quantity(text: Any) -> Fraction | None:
@@ -125,66 +240,36 @@ def desired_hard(teamspace: dict) -> dict:
     return {"pods": str(spec.get("pods")), "requests.cpu": spec.get("cpu", DEFAULT_CPU)}
 
 
-def _write(teamspace: dict, step: str, op: str, says: str, *, key: str = "", verb: str = "",
-           patch_type: str = "", subresource: str = "", obj: dict | None = None,
-           patch: Any = None, record: dict | None = None,
-           event: dict | None = None) -> Write:
+def as_dict(intent: Intent) -> dict:
+    """An intent as JSON-ready data, its kind first (what --plan prints)."""
+    return {"intent": type(intent).__name__, "step": intent.step, **asdict(intent)}
+
+
+def _ids(teamspace: dict) -> dict:
     meta = teamspace["metadata"]
-    return {"step": step, "op": op, "teamspace": meta["name"], "uid": meta.get("uid", ""),
-            "key": key, "verb": verb, "patch_type": patch_type, "subresource": subresource,
-            "object": obj, "patch": patch, "record": record, "event": event, "says": says}
-
-
-def _ref(kind: str, name: str, namespace: str = "", api_version: str = "v1") -> dict:
-    meta = {"name": name}
-    if namespace:
-        meta["namespace"] = namespace
-    return {"apiVersion": api_version, "kind": kind, "metadata": meta}
+    return {"teamspace": meta["name"], "uid": meta.get("uid", "")}
 
 
 def _finalizer_writes(teamspace: dict) -> list:
-    name = teamspace["metadata"]["name"]
-    ts_key = f"TeamSpace/{name}"
-    target = _ref("TeamSpace", name, api_version=API_VERSION)
     finalizers = teamspace["metadata"].get("finalizers")
     ours = [i for i, f in enumerate(finalizers or []) if f == FINALIZER]
     if len(ours) > 1:
-        # Ours twice (an old version's passes raced): drop the last copy. A test op guards the
-        # index, so a list changed meanwhile makes the patch fail instead of removing another.
-        i = ours[-1]
-        return [_write(teamspace, "finalizer", "dedup", "duplicate finalizer removed",
-                       key=ts_key, verb="patch", patch_type="json", obj=target,
-                       patch=[{"op": "test", "path": f"/metadata/finalizers/{i}", "value": FINALIZER},
-                              {"op": "remove", "path": f"/metadata/finalizers/{i}"}])]
+        return [RemoveDuplicateFinalizer(**_ids(teamspace), says="duplicate finalizer removed",
+                                         index=ours[-1])]
     if ours:
         return []
-    if finalizers is None:
-        # No list yet: create it only if there still is none (a test of null passes only for a
-        # missing list), so that a list another client adds meanwhile is never replaced.
-        patch = [{"op": "test", "path": "/metadata/finalizers", "value": None},
-                 {"op": "add", "path": "/metadata/finalizers", "value": [FINALIZER]}]
-    else:
-        # Append, unguarded: the server appends to the list as it is when the patch arrives.
-        patch = [{"op": "add", "path": "/metadata/finalizers/-", "value": FINALIZER}]
-    return [_write(teamspace, "finalizer", "add", "finalizer added", key=ts_key, verb="patch",
-                   patch_type="json", obj=target, patch=patch)]
+    return [AddFinalizer(**_ids(teamspace), says="finalizer added", first=finalizers is None)]
 
 
 def _deletion_writes(teamspace: dict) -> list:
     """Archive every deleting TeamSpace (ours or not any more), then release our finalizer."""
     meta = teamspace["metadata"]
-    name = meta["name"]
-    record = {"name": name, "uid": meta.get("uid", ""), "pods": (teamspace.get("spec") or {}).get("pods")}
-    writes = [_write(teamspace, "archive", "write", "archived", key=f"archive/{name}",
-                     record=record)]
+    record = {"name": meta["name"], "uid": meta.get("uid", ""),
+              "pods": (teamspace.get("spec") or {}).get("pods")}
+    writes: list = [Archive(**_ids(teamspace), says="archived", record=record)]
     ours = [i for i, f in enumerate(meta.get("finalizers") or []) if f == FINALIZER]
     if ours:
-        i = ours[0]
-        writes.append(_write(
-            teamspace, "release", "remove", "finalizer released", key=f"TeamSpace/{name}",
-            verb="patch", patch_type="json", obj=_ref("TeamSpace", name, api_version=API_VERSION),
-            patch=[{"op": "test", "path": f"/metadata/finalizers/{i}", "value": FINALIZER},
-                   {"op": "remove", "path": f"/metadata/finalizers/{i}"}]))
+        writes.append(ReleaseFinalizer(**_ids(teamspace), says="finalizer released", index=ours[0]))
     return writes
 
 
@@ -286,7 +371,7 @@ def ready_condition(teamspace: dict) -> dict:
     return {}
 
 
-def _status_write(teamspace: dict, status: dict, says: str, *, fill_namespace_uid: bool = False) -> list:
+def _status_write(teamspace: dict, status: dict, says: str, *, namespace_created: bool = False) -> list:
     """Replace the status (subresource) if it differs; lastTransitionTime alone is no difference."""
     old = teamspace.get("status") or {}
 
@@ -296,17 +381,13 @@ def _status_write(teamspace: dict, status: dict, says: str, *, fill_namespace_ui
                            for c in s.get("conditions") or [] if isinstance(c, dict)]
         return s
 
-    if comparable(old) == comparable(status) and not fill_namespace_uid:
+    if comparable(old) == comparable(status) and not namespace_created:
         return []
     obj = {k: v for k, v in teamspace.items() if k != "status"}
     obj["metadata"] = {k: v for k, v in teamspace["metadata"].items() if k != "managedFields"}
     obj["status"] = status
-    w = _write(teamspace, "status", "replace", says, key=f"TeamSpace/{teamspace['metadata']['name']}",
-               verb="replace", subresource="status", obj=obj)
-    if fill_namespace_uid:
-        # The namespace is created earlier in this pass: its uid is known only then.
-        w["fill"] = {"namespaceUID": f"Namespace/team-{teamspace['metadata']['name']}"}
-    return [w]
+    return [SetStatus(**_ids(teamspace), says=says, teamspace_object=obj,
+                      namespace_created=namespace_created)]
 
 
 def _other_conditions(teamspace: dict) -> list:
@@ -324,8 +405,7 @@ def _not_ready(teamspace: dict, reason: str, message: str, now: str) -> list:
 
 def _reported(teamspace: dict, reason: str, message: str, now: str) -> list:
     """A problem no write can fix: logged and recorded as a Warning Event, and Ready False."""
-    return [_write(teamspace, "problem", "report", message,
-                   event={"type": "Warning", "reason": reason, "message": message}),
+    return [Report(**_ids(teamspace), says=message, event=Event("Warning", reason, message)),
             *_not_ready(teamspace, reason, message, now)]
 
 
@@ -349,69 +429,52 @@ def plan(teamspace: dict, namespace: dict | None, quota: dict | None, now: str) 
         return writes + _reported(teamspace, *problem, now)
 
     if namespace is None:
-        writes.append(_write(
-            teamspace, "namespace", "create", f"namespace {ns_name} created",
-            key=f"Namespace/{ns_name}", verb="create",
-            obj={"apiVersion": "v1", "kind": "Namespace",
-                 "metadata": {"name": ns_name, "labels": {LABEL: name},
-                              "ownerReferences": [owner_reference(teamspace)]}}))
+        writes.append(CreateNamespace(
+            **_ids(teamspace), says=f"namespace {ns_name} created",
+            namespace={"apiVersion": "v1", "kind": "Namespace",
+                       "metadata": {"name": ns_name, "labels": {LABEL: name},
+                                    "ownerReferences": [owner_reference(teamspace)]}}))
     else:
         owners = namespace["metadata"].get("ownerReferences") or []
         if owner_reference(teamspace) not in owners:
             # Ours (namespace_is_ours) but the reference is missing or altered: restore it,
-            # keep other owners that are not controllers. The resourceVersion makes the merge
-            # patch conditional: a namespace changed since the read is left to the next pass.
+            # keep other owners that are not controllers.
             keep = [r for r in owners if not r.get("controller") and r.get("uid") != meta["uid"]]
-            writes.append(_write(
-                teamspace, "namespace", "patch", f"namespace {ns_name} ownerReference restored",
-                key=f"Namespace/{ns_name}", verb="patch", patch_type="merge",
-                obj=_ref("Namespace", ns_name),
-                patch={"metadata": {"resourceVersion": namespace["metadata"].get("resourceVersion"),
-                                    "ownerReferences": [*keep, owner_reference(teamspace)]}}))
+            writes.append(RestoreNamespaceOwner(
+                **_ids(teamspace), says=f"namespace {ns_name} ownerReference restored",
+                namespace=ns_name, resource_version=namespace["metadata"].get("resourceVersion"),
+                owner_references=[*keep, owner_reference(teamspace)]))
 
     hard = desired_hard(teamspace)
     if problem is not None:  # a scoped quota: immutable, and the controller may not delete
         return writes + _reported(teamspace, *problem, now)
     if quota is None:
-        writes.append(_write(
-            teamspace, "quota", "create",
-            f"quota {QUOTA} created {json.dumps(hard, separators=(',', ':'))}",
-            key=f"ResourceQuota/{ns_name}/{QUOTA}", verb="create",
-            obj={"apiVersion": "v1", "kind": "ResourceQuota",
-                 "metadata": {"name": QUOTA, "namespace": ns_name, "labels": {LABEL: name}},
-                 "spec": {"hard": hard}}))
+        writes.append(CreateQuota(
+            **_ids(teamspace), says=f"quota {QUOTA} created {json.dumps(hard, separators=(',', ':'))}",
+            quota={"apiVersion": "v1", "kind": "ResourceQuota",
+                   "metadata": {"name": QUOTA, "namespace": ns_name, "labels": {LABEL: name}},
+                   "spec": {"hard": hard}}))
     else:
         have = (quota.get("spec") or {}).get("hard") or {}
         if not quota_matches(have, hard):
-            # The quota as read with exactly the desired limits, replaced guarded by its
-            # resourceVersion: all such replaces go in one kubectl call. Quota admission updates
-            # the quota's status on every pod create, and a guarded write can lose to that every
-            # time; then the fallback, sent alone, is a merge patch without resourceVersion
-            # (the limits, foreign ones nulled), which cannot lose. (Patches only as a fallback:
-            # they differ per quota and kubectl sends one body per process.)
             body = {k: v for k, v in quota.items() if k != "status"}
             body["metadata"] = {k: v for k, v in quota["metadata"].items() if k != "managedFields"}
             body["spec"] = {**(quota.get("spec") or {}), "hard": hard}
-            fallback = {"verb": "patch", "patch_type": "merge",
-                        "object": _ref("ResourceQuota", QUOTA, ns_name),
-                        "patch": {"spec": {"hard": {**dict.fromkeys(k for k in have if k not in hard),
-                                                    **hard}}}}
             # With the spec as last reconciled, a difference is an edit of the quota: a revert.
             revert = (teamspace.get("status") or {}).get("observedGeneration") == meta.get("generation")
             shown = json.dumps(hard, separators=(",", ":"))
             was = json.dumps(have, separators=(",", ":"), sort_keys=True)
             if revert:
                 says = f"quota {QUOTA} set back to {shown} (was {was})"
-                event = {"type": "Normal", "reason": QUOTA_REVERTED,
-                         "message": f"quota {QUOTA} in {ns_name} was {was}; set back to {shown}"}
+                event = Event("Normal", QUOTA_REVERTED,
+                              f"quota {QUOTA} in {ns_name} was {was}; set back to {shown}")
             else:
                 says = f"quota {QUOTA} set to {shown} (generation {meta.get('generation')})"
                 event = None
-            w = _write(teamspace, "quota", "replace", says, key=f"ResourceQuota/{ns_name}/{QUOTA}",
-                       verb="replace", obj={"apiVersion": "v1", "kind": "ResourceQuota", **body},
-                       event=event)
-            w["fallback"] = fallback
-            writes.append(w)
+            writes.append(SetQuota(
+                **_ids(teamspace), says=says, event=event,
+                quota={"apiVersion": "v1", "kind": "ResourceQuota", **body}, hard=hard,
+                remove=tuple(k for k in have if k not in hard)))
 
     # Status last: it is reached only when every write above succeeded, so observedGeneration
     # never claims a generation whose namespace and quota are not in place.
@@ -423,4 +486,4 @@ def plan(teamspace: dict, namespace: dict | None, quota: dict | None, now: str) 
     status["conditions"] = [*_other_conditions(teamspace), _ready(teamspace, True, RECONCILED, matched, now)]
     return writes + _status_write(
         teamspace, status, f"status written (observedGeneration {meta.get('generation')}, Ready True)",
-        fill_namespace_uid=namespace is None)
+        namespace_created=namespace is None)
