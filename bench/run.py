@@ -60,10 +60,12 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))  # fixtures: the TeamSpaces every test builds
 
 import jinja2  # noqa: E402  (ships with ansible-core, in requirements.txt)
 import kubernetes  # noqa: E402
 import yaml  # noqa: E402
+from fixtures import teamspace  # noqa: E402
 from kubernetes.client.rest import ApiException  # noqa: E402
 
 from cnpa_controller import Api, ApiError  # noqa: E402
@@ -143,9 +145,7 @@ def render_default(value, values: dict):
 
 
 def new_teamspace(prefix: str, i: int) -> dict:
-    return {"apiVersion": f"{GROUP}/{VERSION}", "kind": "TeamSpace",
-            "metadata": {"name": f"{prefix}{i:03d}"},
-            "spec": {"pods": 1 + i % 50, "cpu": "500m" if i % 2 else "1"}}
+    return teamspace(f"{prefix}{i:03d}", 1 + i % 50, "500m" if i % 2 else "1")
 
 
 def script_info(path: Path) -> dict:

@@ -104,14 +104,6 @@ class ControllerProcess:
             raise AssertionError(f"the controller ignored SIGTERM for {timeout} s") from None
 
 
-def teamspace(name: str, pods: int = 3, cpu: str | None = None) -> dict:
-    spec: dict = {"pods": pods}
-    if cpu is not None:
-        spec["cpu"] = cpu
-    return {"apiVersion": "platform.labhub.io/v1alpha1", "kind": "TeamSpace",
-            "metadata": {"name": name}, "spec": spec}
-
-
 def get_or_none(host: Host, *args: str) -> dict | None:
     proc = host.kubectl("get", *args, "-o", "json", check=False)
     return json.loads(proc.stdout) if proc.returncode == 0 else None

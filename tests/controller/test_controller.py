@@ -18,9 +18,9 @@ from ctllib import (
     get_or_none,
     quota_hard,
     restart_apiserver,
-    teamspace,
     wait_ready,
 )
+from fixtures import teamspace
 from hostlib import wait_for
 
 

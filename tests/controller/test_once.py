@@ -8,7 +8,8 @@ from __future__ import annotations
 import re
 
 import pytest
-from ctllib import FINALIZER, ControllerProcess, get_or_none, quota_hard, ready, teamspace
+from ctllib import FINALIZER, ControllerProcess, get_or_none, quota_hard, ready
+from fixtures import teamspace
 
 
 @pytest.fixture(params=["--once", "reconcile.sh"])

@@ -10,6 +10,7 @@ import subprocess
 import time
 from contextlib import contextmanager
 
+from fixtures import cpu, teamspace
 from hostlib import ROOT, Host, wait_for
 
 GROUP = "platform.labhub.io"
@@ -19,17 +20,6 @@ LABEL = f"{GROUP}/teamspace"
 ARCHIVE = "/root/cnpa-op/archive"
 SA_USER = "system:serviceaccount:cnpa-system:cnpa-op"
 SA_KUBECONFIG = "/etc/cnpa-op/kubeconfig"
-
-_UNITS = {"m": 1e-3, "": 1, "k": 1e3}
-
-
-def cpu_value(q: str) -> float:
-    """The few cpu quantities the tests use: "1", "500m", "0.5", "2k"."""
-    for suffix in ("m", "k"):
-        if q.endswith(suffix):
-            return float(q[:-1]) * _UNITS[suffix]
-    return float(q)
-
 
 class Lab(Host):
     """The test host with the controller installed (cnpa-op.service running)."""
@@ -48,11 +38,7 @@ class Lab(Host):
 
     # -- TeamSpaces -------------------------------------------------------------------------
     def teamspace(self, name: str, pods: int = 4, cpu: str | None = None) -> dict:
-        spec: dict = {"pods": pods}
-        if cpu is not None:
-            spec["cpu"] = cpu
-        self.apply({"apiVersion": f"{GROUP}/v1alpha1", "kind": "TeamSpace",
-                    "metadata": {"name": name}, "spec": spec})
+        self.apply(teamspace(name, pods, cpu))
         return self.get(TS, name)
 
     def ts_or_none(self, name: str) -> dict | None:
@@ -86,7 +72,7 @@ class Lab(Host):
                 and [r["uid"] for r in owners] == [t["metadata"]["uid"]]
                 and set(hard) == {"pods", "requests.cpu"}
                 and hard["pods"] == str(t["spec"]["pods"])
-                and cpu_value(hard["requests.cpu"]) == cpu_value(t["spec"].get("cpu", "1"))
+                and cpu(hard["requests.cpu"]) == cpu(t["spec"].get("cpu", "1"))
                 and not q["spec"].get("scopes") and not q["spec"].get("scopeSelector"))
 
     def wait_converged(self, *names: str, timeout: float = 90) -> float:
@@ -161,7 +147,6 @@ def crd_without_bounds(lab: Lab):
 
 def _server_accepts_unbounded(lab: Lab) -> bool:
     """Whether the API server would create a TeamSpace with a bad name and cpu (dry run)."""
-    probe = {"apiVersion": f"{GROUP}/v1alpha1", "kind": "TeamSpace",
-             "metadata": {"name": "bounds.probe"}, "spec": {"pods": 1, "cpu": "abc"}}
+    probe = teamspace("bounds.probe", 1, "abc")
     return lab.kubectl("create", "--dry-run=server", "--validate=false", "-f", "-",
                        input_text=json.dumps(probe), check=False).returncode == 0

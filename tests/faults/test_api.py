@@ -6,13 +6,15 @@ import json
 
 import pytest
 from faultlib import GROUP, TS, crd_without_bounds, wait_for
+from fixtures import teamspace
 
 VERSION = f"{GROUP}/v1alpha1"
 
 
 def manifest(name: str, **spec) -> str:
-    return json.dumps({"apiVersion": VERSION, "kind": "TeamSpace", "metadata": {"name": name},
-                       "spec": {"pods": 2, **spec}})
+    t = teamspace(name, 2)
+    t["spec"].update(spec)
+    return json.dumps(t)
 
 
 def server_says(lab, name: str, **spec):

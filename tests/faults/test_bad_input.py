@@ -8,6 +8,7 @@ import time
 
 import pytest
 from faultlib import TS, crd_without_bounds, wait_for
+from fixtures import teamspace
 
 
 @pytest.mark.parametrize("pods,message", [
@@ -16,8 +17,7 @@ from faultlib import TS, crd_without_bounds, wait_for
     ("four", "must be of type integer"),
 ])
 def test_pods_out_of_range_or_not_a_number_is_rejected_by_the_api(lab, pods, message):
-    manifest = {"apiVersion": "platform.labhub.io/v1alpha1", "kind": "TeamSpace",
-                "metadata": {"name": "badpods"}, "spec": {"pods": pods}}
+    manifest = teamspace("badpods", pods)
     # --validate=false: the API server's own answer (the CRD schema), not kubectl's pre-check.
     proc = lab.kubectl("create", "--validate=false", "-f", "-", input_text=json.dumps(manifest),
                        check=False)

@@ -10,6 +10,7 @@ import random
 import time
 
 from faultlib import ARCHIVE, FIN, LABEL, TS, wait_for
+from fixtures import teamspace
 
 SCRIPT = "/root/cnpa-op/reconcile.sh"
 
@@ -44,8 +45,7 @@ def no_half_made_objects(lab) -> None:
 
 def test_api_server_stopped_30s(lab, report):
     since = lab.now()
-    manifest = json.dumps({"apiVersion": "platform.labhub.io/v1alpha1", "kind": "TeamSpace",
-                           "metadata": {"name": "outage"}, "spec": {"pods": 3}})
+    manifest = json.dumps(teamspace("outage", 3))
     lab.sh("systemctl stop kube-apiserver")
     try:
         # A user submits a TeamSpace during the outage; their client retries until the API

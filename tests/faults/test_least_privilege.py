@@ -11,6 +11,7 @@ from contextlib import contextmanager
 
 import yaml
 from faultlib import FIN, GROUP, LABEL, SA_KUBECONFIG, SA_USER, TS, wait_for
+from fixtures import teamspace
 from hostlib import ROOT
 
 TOKEN_FILE = "/etc/cnpa-op/token"
@@ -224,8 +225,7 @@ def test_edit_may_change_teamspaces_but_not_delete_them_or_skip_their_archive(la
                        "patch": True, "delete": False, "deletecollection": False}
         assert can(lab, "ts-admin", "deletecollection", TS)
         # For real (dry runs): the editor creates and changes the spec, and cannot delete.
-        new = {"apiVersion": f"{GROUP}/v1alpha1", "kind": "TeamSpace", "metadata": {"name": "by-editor"},
-               "spec": {"pods": 2}}
+        new = teamspace("by-editor", 2)
         proc = as_user(lab, "ts-editor", "create", "-f", "-", input_text=json.dumps(new))
         assert proc.returncode == 0, proc.stderr
         proc = as_user(lab, "ts-editor", "patch", TS, "alpha", "--type", "merge", "-p", '{"spec":{"pods":7}}')

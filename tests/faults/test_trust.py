@@ -15,10 +15,10 @@ import shutil
 import subprocess
 import tempfile
 import time
-from fractions import Fraction
 from pathlib import Path
 
 from faultlib import ARCHIVE, FIN, LABEL, TS, crd_without_bounds, wait_for
+from fixtures import cpu, teamspace
 
 SCRIPT = "/root/cnpa-op/reconcile.sh"
 PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -83,23 +83,6 @@ elif mode == "status-writer":  # writes a quota's status (as quota admission doe
 
 
 # -- helpers ---------------------------------------------------------------------------------
-_QTY = re.compile(r"([+-]?)([0-9]+(?:\.[0-9]*)?|\.[0-9]+)"
-                  r"(?:(Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE])|[eE]([+-]?[0-9]+))?")
-_MULT = {"": 1, "n": Fraction(1, 10**9), "u": Fraction(1, 10**6), "m": Fraction(1, 1000),
-         "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18,
-         "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
-
-
-def quantity(q: str) -> Fraction:
-    """A Kubernetes quantity's exact value (the whole grammar: 500u, 1.5e0, 1500e-3, 2Ki ...)."""
-    m = _QTY.fullmatch(q)
-    assert m, f"not a quantity: {q!r}"
-    sign, num, suffix, exp = m.groups()
-    value = Fraction(num if not num.endswith(".") else num[:-1])
-    value *= Fraction(10) ** int(exp) if exp is not None else _MULT[suffix or ""]
-    return -value if sign == "-" else value
-
-
 def ready(t: dict | None) -> dict | None:
     """The TeamSpace's Ready condition, or None."""
     for c in ((t or {}).get("status") or {}).get("conditions") or []:
@@ -117,7 +100,7 @@ def stored_cpu(lab, cpu: str) -> str:
 
 def converged_by_value(lab, name: str, stored: dict[str, str] | None = None) -> bool:
     """As faultlib's converged(), with spec.cpu and the quota compared by exact value over the
-    whole quantity grammar (faultlib's cpu_value knows only m and k); `stored` maps a spec.cpu
+    whole quantity grammar; `stored` maps a spec.cpu
     to what the server makes of it in a quota, when that is not the same value."""
     t = lab.ts_or_none(name)
     if t is None or t["metadata"].get("deletionTimestamp"):
@@ -134,7 +117,7 @@ def converged_by_value(lab, name: str, stored: dict[str, str] | None = None) -> 
     owners = [r["uid"] for r in ns["metadata"].get("ownerReferences", []) if r.get("controller")]
     return (owners == [t["metadata"]["uid"]] and set(hard) == {"pods", "requests.cpu"}
             and hard["pods"] == str(t["spec"]["pods"])
-            and quantity(hard["requests.cpu"]) == quantity((stored or {}).get(t["spec"].get("cpu", "1"),
+            and cpu(hard["requests.cpu"]) == cpu((stored or {}).get(t["spec"].get("cpu", "1"),
                                                                                t["spec"].get("cpu", "1"))))
 
 
@@ -179,14 +162,7 @@ def create_list(lab, items: list[dict]) -> None:
 
 
 def ts_manifest(name: str, pods: int = 2, cpu: str | None = None, finalizers=None) -> dict:
-    meta: dict = {"name": name}
-    if finalizers is not None:
-        meta["finalizers"] = finalizers
-    spec: dict = {"pods": pods}
-    if cpu is not None:
-        spec["cpu"] = cpu
-    return {"apiVersion": "platform.labhub.io/v1alpha1", "kind": "TeamSpace", "metadata": meta,
-            "spec": spec}
+    return teamspace(name, pods, cpu, **({} if finalizers is None else {"finalizers": finalizers}))
 
 
 def host_api(lab) -> None:

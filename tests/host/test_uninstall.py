@@ -14,6 +14,7 @@ import os
 import subprocess
 from dataclasses import dataclass
 
+import fixtures
 import pytest
 from hostlib import ROOT, wait_for
 
@@ -84,8 +85,7 @@ def install(host) -> None:
 
 
 def teamspace(host, name: str, pods: int = 2, **meta) -> dict:
-    host.apply({"apiVersion": f"{GROUP}/v1alpha1", "kind": "TeamSpace",
-                "metadata": {"name": name, **meta}, "spec": {"pods": pods}})
+    host.apply(fixtures.teamspace(name, pods, **meta))
     return host.get(TS, name)
 
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import io
 
-from cnpa_controller import plan
+from fixtures import teamspace
+
 from cnpa_controller.controller import Controller, Settings
 
 
@@ -26,10 +27,8 @@ class NoApi:
 def test_a_name_found_while_not_leading_is_looked_at_again_not_dropped(tmp_path):
     c = Controller(NoApi(), Settings(archive_dir=str(tmp_path), not_leader_retry_seconds=2.0),
                    make_elector=Follower, out=io.StringIO(), err=io.StringIO())
-    c.caches.teamspaces._store["a"] = {
-        "apiVersion": plan.API_VERSION, "kind": "TeamSpace",
-        "metadata": {"name": "a", "uid": "u-1", "generation": 1, "resourceVersion": "5"},
-        "spec": {"pods": 2}}
+    c.caches.teamspaces._store["a"] = teamspace("a", 2, uid="u-1", generation=1,
+                                                resourceVersion="5")
     c.reconcile("a")
     # Not forgotten: back in the queue once a renewal could have made this process the leader
     # again (a brief lapse reports no change, so nothing else would queue it before the resync).

@@ -9,6 +9,7 @@ import fnmatch
 import json
 import os
 
+import fixtures
 import pytest
 
 from cnpa_controller import ApiError, plan
@@ -19,13 +20,13 @@ FIN = plan.FINALIZER
 
 
 def teamspace(name="a", uid="u-1", pods=3, finalizers=None, deleting=False, status=None, rv="7"):
-    meta = {"name": name, "uid": uid, "generation": 1, "resourceVersion": rv}
+    """A TeamSpace as the API server returns it."""
+    meta = {"uid": uid, "generation": 1, "resourceVersion": rv}
     if finalizers is not None:
         meta["finalizers"] = finalizers
     if deleting:
         meta["deletionTimestamp"] = NOW
-    t = {"apiVersion": plan.API_VERSION, "kind": "TeamSpace", "metadata": meta,
-         "spec": {"pods": pods, "cpu": "1"}}
+    t = fixtures.teamspace(name, pods, "1", **meta)
     if status is not None:
         t["status"] = status
     return t

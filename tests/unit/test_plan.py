@@ -7,6 +7,7 @@ import sys
 from fractions import Fraction
 from pathlib import Path
 
+import fixtures
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
@@ -31,10 +32,9 @@ def test_not_quantities(text):
     assert p.quantity(text) is None
 
 
-def ts(name="a", uid="u", gen=1, finalizers=(p.FINALIZER,), status=None, **spec):
-    t = {"metadata": {"name": name, "uid": uid, "generation": gen, "resourceVersion": "5",
-                      "finalizers": list(finalizers)},
-         "spec": {"pods": 4, "cpu": "1", **spec}}
+def ts(name="a", uid="u", gen=1, finalizers=(p.FINALIZER,), status=None, cpu="1"):
+    t = fixtures.teamspace(name, 4, cpu, uid=uid, generation=gen, resourceVersion="5",
+                           finalizers=list(finalizers))
     if status is not None:
         t["status"] = status
     return t

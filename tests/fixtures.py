@@ -1,0 +1,28 @@
+"""What every tier of tests (and the benchmark) builds TeamSpaces with and judges their cpu by.
+
+The hosts themselves come from hostlib.session_host (one per test directory and worker)."""
+
+from __future__ import annotations
+
+from fractions import Fraction
+
+from cnpa_controller.plan import API_VERSION, quantity
+
+
+def teamspace(name: str, pods: int = 4, cpu: str | None = None, **metadata) -> dict:
+    """A TeamSpace manifest; cpu left out means the CRD's default. metadata: more of it (uid,
+    generation, resourceVersion, finalizers, deletionTimestamp, ...: a TeamSpace as the API
+    server returns it, for the tests that hand one to the plan or the executor)."""
+    spec: dict = {"pods": pods}
+    if cpu is not None:
+        spec["cpu"] = cpu
+    return {"apiVersion": API_VERSION, "kind": "TeamSpace", "metadata": {"name": name, **metadata},
+            "spec": spec}
+
+
+def cpu(text: str) -> Fraction:
+    """A cpu quantity's exact value, by the plan's reading of the whole grammar (500u, 1.5e0,
+    2Ki ...; tests/unit/test_plan.py pins that reading to literal values)."""
+    value = quantity(text)
+    assert value is not None, f"not a quantity: {text!r}"
+    return value
