@@ -4,11 +4,11 @@ Watches TeamSpaces, their namespaces and quotas, and reconciles each TeamSpace w
 changed with the plan (plan.py) and the executor every pass uses (executor.py). Runs until
 SIGTERM or SIGINT, then finishes the passes under way, gives up its Lease and exits 0.
 
-stdout (the journal): one line per write that went through ("teamspace NAME: WHAT"), as
-reconcile.sh prints them. stderr: problems ("cnpa-op: TeamSpace NAME: MESSAGE") and the
+stdout (the journal): one line per write that went through ("teamspace NAME: WHAT"), as a pass
+prints them. stderr: problems ("cnpa-op: TeamSpace NAME: MESSAGE") and the
 controller's own news (caches synced, leadership, watches re-listed).
 
-Environment, as reconcile.sh reads it (all optional):
+Environment (all optional; a pass, reconcile.sh's, reads the same):
   KUBECONFIG                  kubeconfig (default: ~/.kube/config, else in-cluster config)
   CNPA_BASE_DIR               base directory (default: /root/cnpa-op)
   CNPA_ARCHIVE_DIR            archive directory (default: $CNPA_BASE_DIR/archive)
@@ -42,7 +42,7 @@ New with this controller:
                               CNPA_METRICS_TEXTFILE_SECONDS (default 15) (default: off)
 
 Exit status: 0 stopped by a signal; 3 bad configuration (the message names the variable);
-4 the archive directory is missing or was replaced (as reconcile.sh: systemd restarts the
+4 the archive directory is missing or was replaced (as a pass: systemd restarts the
 service, whose sandbox then binds the directory anew).
 
 --once: one pass over every TeamSpace from a fresh list, with this controller's executor, no
@@ -78,7 +78,7 @@ _DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
 
 
 def duration(var: str, text: str) -> float:
-    """kubectl's --request-timeout form (reconcile.sh passes the variable to kubectl)."""
+    """kubectl's --request-timeout form (earlier versions passed the variable to kubectl)."""
     m = _DURATION.fullmatch(text.strip())
     if not m or float(m.group(1)) == 0:
         raise ConfigError(f"{var}={text!r}: must be a positive duration such as 10s, 500ms or 1m")

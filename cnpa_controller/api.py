@@ -10,9 +10,10 @@ One request function over either of two connections:
   `ApiClient.call_api` lost its path and query parameters in 35), and decoding thousands of
   objects into models is slow.
 - `connect(kubeconfig)`, a pass's (`--once`, which reconcile.sh runs): the standard library's
-  http.client and a kubeconfig read here. Importing the kubernetes client (0.2 s) would cost more
-  than a whole idle pass over 200 TeamSpaces. It takes the credentials a kubeconfig holds itself
-  (certificates, token, tokenFile, basic); exec and auth-provider plugins are refused by name.
+  http.client and a kubeconfig read here. Importing the kubernetes client would cost more than a
+  whole idle pass over a few hundred TeamSpaces (docs/benchmark.md). It takes the credentials a
+  kubeconfig holds itself (certificates, token, tokenFile, basic); exec and auth-provider plugins
+  are refused by name.
 """
 
 from __future__ import annotations

@@ -4,14 +4,14 @@ One informer per kind: it lists the kind once (paginated, so a large cluster is 
 pieces), then watches from the list's resourceVersion. The cache is what the workers read, so an
 idle controller sends no list requests at all; each change reaches it as one watch event, and the
 handler queues the name of the TeamSpace the object concerns (never the event itself: the worker
-reads the whole current state, level-triggered, as reconcile.sh does).
+reads the whole current state, level-triggered, as a pass does).
 
-What each informer asks for is what reconcile.sh lists, and for the same reasons:
+What each informer asks for is what a pass (once.py) lists, and for the same reasons:
 - every TeamSpace (cluster-scoped);
 - the namespaces that carry our label `platform.labhub.io/teamspace` (any value). A namespace
   team-X made by somebody else without our label is not in the cache: the plan then plans to
   create team-X, the create fails with AlreadyExists, and the executor reports NamespaceNotOurs
-  (reconcile.sh's behaviour; the failure is retried with backoff, so a foreign namespace that is
+  (as in a pass; the failure is retried with backoff, so a foreign namespace that is
   deleted later is noticed within the retry cap). One that carries our label for another
   TeamSpace, or without our ownerReference, is in the cache and the plan reports it.
 - the quotas named team-quota (fieldSelector metadata.name=team-quota), in any namespace.

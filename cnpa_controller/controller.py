@@ -2,7 +2,7 @@
 
 Each worker takes a TeamSpace name from the queue and reads the TeamSpace, namespace team-NAME
 and its quota FROM THE CACHES: the whole current state, never the delta of the event that queued
-the name (level-triggered, like a reconcile.sh pass). It asks the plan what to write and, only
+the name (level-triggered, like a pass). It asks the plan what to write and, only
 while this process is the leader, has the executor write it. Workers start only once every cache
 has synced: a plan made on a half-filled namespace cache would try to create namespaces that
 exist and report them as somebody else's.
@@ -126,7 +126,7 @@ class Controller:
 
     # -- output (the journal) --------------------------------------------------------------
     def say(self, name: str, what: str) -> None:
-        """One line per write that went through, as reconcile.sh prints them."""
+        """One line per write that went through, as a pass prints them."""
         with self._print_lock:
             print(f"teamspace {name}: {what}", file=self.out, flush=True)
 

@@ -48,7 +48,7 @@ MANAGED_BY = ("app.kubernetes.io/managed-by", "cnpa-op")
 JSON_PATCH, MERGE_PATCH = "application/json-patch+json", "application/merge-patch+json"
 # Events already recorded by this process (name -> when): not sent again for EVENT_RESEND
 # seconds. The API server deletes Events after its TTL (1 h by default), and a problem that lasts
-# must keep its Event as reconcile.sh's passes keep it; a resend of one still there is answered
+# must keep its Event as passes keep it; a resend of one still there is answered
 # AlreadyExists. Bounded: when full it is emptied.
 RECORDED_EVENTS_MAX = 10000
 EVENT_RESEND = 1800.0
@@ -75,7 +75,7 @@ class Result:
 
 
 def event_name(teamspace: str, uid: str, reason: str, message: str) -> str:
-    """reconcile.sh's name of an Event: one per (TeamSpace uid, reason, message)."""
+    """An Event's name: one per (TeamSpace uid, reason, message), the same in every version."""
     digest = hashlib.sha256(f"{uid}\n{reason}\n{message}".encode()).hexdigest()[:16]
     return f"{teamspace[:200]}.cnpa.{digest}"
 
@@ -183,8 +183,7 @@ def is_conflict(exc: ApiError) -> bool:
     patch whose test op failed (the list or the uid changed meanwhile) is one too."""
     if exc.status == 409 and exc.reason != "AlreadyExists":
         return True
-    # What the API server answers when a JSON patch's test op fails (reconcile.sh's is_conflict
-    # matches kubectl's rendering of the same answer).
+    # What the API server answers when a JSON patch's test op fails.
     text = exc.message.lower()
     return exc.status == 422 and ("rejected our request due to an error in our request" in text
                                   or "testing value" in text)
@@ -443,10 +442,10 @@ class Executor:
     def _sweep(self, d: str) -> None:
         """A process killed between creating a temporary file and renaming it leaves it behind:
         removed once, before this executor makes its own. Not per record: a listing of the
-        directory per deletion made a mass deletion quadratic (3 ms per record with 6,000
-        records, all of it holding the interpreter's lock). Under a lock, so that no temporary
-        file of this executor exists while the sweep runs; reconcile.sh sweeps on each pass that
-        archives."""
+        directory per deletion made a mass deletion quadratic in the records kept (all of it
+        holding the interpreter's lock; docs/benchmark.md). Under a lock, so that no temporary
+        file of this executor exists while the sweep runs; a pass (reconcile.sh) is one
+        executor, so it sweeps once per pass."""
         if self._swept == d:
             return
         with self._sweep_lock:
@@ -495,8 +494,8 @@ class Executor:
 
     @staticmethod
     def _mktemp(d: str, prefix: str) -> tuple[int, str]:
-        """mktemp's .NAME.json.XXXXXX (six characters, as reconcile.sh leaves them: either
-        controller removes the other's leftovers)."""
+        """.NAME.json.XXXXXX, mktemp's form (earlier versions' reconcile.sh left these too: the
+        sweep removes either's leftovers)."""
         chars = string.ascii_letters + string.digits
         for _ in range(100):
             path = os.path.join(d, prefix + "".join(random.choices(chars, k=6)))
