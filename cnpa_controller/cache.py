@@ -31,7 +31,7 @@ import threading
 import time
 from typing import Callable
 
-from .api import Api, ApiError
+from .api import DEFAULT_TIMEOUT, Api, ApiError
 from .plan import API_VERSION, LABEL, QUOTA
 
 NAMESPACE_PREFIX = "team-"
@@ -85,7 +85,7 @@ class Informer:
                  on_change: Callable[[dict], None] = lambda obj: None,
                  log: Callable[[str], None] = lambda msg: None,
                  page_size: int = 500, watch_timeout: int = 300, backoff_cap: float = 30.0,
-                 request_timeout: float = 30.0) -> None:
+                 request_timeout: float = DEFAULT_TIMEOUT) -> None:
         self.api = api
         self.kind = kind
         self.path = path

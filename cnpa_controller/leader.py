@@ -56,7 +56,7 @@ import threading
 import time
 from typing import Callable
 
-from .api import Api, ApiError
+from .api import DEFAULT_TIMEOUT, Api, ApiError
 
 log = logging.getLogger("cnpa_controller.leader")
 
@@ -165,7 +165,7 @@ class Elector:
         self._clock = clock
         self._wall = wall
         # A renewal may take as long as leaves room for one more attempt before the fence lapses.
-        self._timeout = max(0.5, min(10.0, renew_seconds - retry_seconds))
+        self._timeout = max(0.5, min(DEFAULT_TIMEOUT, renew_seconds - retry_seconds))
         self._lock = threading.Lock()
         self._report_lock = threading.Lock()
         self._valid_until = float("-inf")   # fence on our clock, see is_leader()
@@ -371,7 +371,8 @@ class Elector:
 
 
 def lease_event(api: Api, namespace: str, lease: str, identity: str, became_leader: bool, *,
-                uid: str = "", component: str = "cnpa-op", timeout: float = 10.0) -> bool:
+                uid: str = "", component: str = "cnpa-op",
+                timeout: float = DEFAULT_TIMEOUT) -> bool:
     """Record a leader transition as an Event on the Lease (reason LeaderElection, as client-go's
     Lease lock records them). Best effort: returns False after logging an error."""
     now = datetime.datetime.now(datetime.timezone.utc)
