@@ -53,6 +53,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
@@ -64,7 +65,6 @@ sys.path.insert(0, str(ROOT / "tests"))  # fixtures: the TeamSpaces every test b
 
 import jinja2  # noqa: E402  (ships with ansible-core, in requirements.txt)
 import kubernetes  # noqa: E402
-import yaml  # noqa: E402
 from fixtures import teamspace  # noqa: E402
 from kubernetes.client.rest import ApiException  # noqa: E402
 
@@ -79,6 +79,9 @@ LABEL = f"{GROUP}/teamspace"
 FINALIZER = f"{GROUP}/cleanup"
 WRITE_VERBS = {"create", "update", "patch", "delete", "deletecollection"}
 HOST_KUBECONFIG = "/etc/rancher/k3s/k3s.yaml"
+# The project's (dev.py makes .venv), else whichever is on PATH.
+ANSIBLE_PLAYBOOK = next((str(p) for p in [ROOT / ".venv/bin/ansible-playbook"] if p.exists()),
+                        shutil.which("ansible-playbook") or "ansible-playbook")
 BENCH_DIR = "/root/cnpa-bench"  # inside the host: probe, naive script
 PERIOD = 3.0
 # Restore and ready polls: short against the event-driven targets (p50 0.1 s), a few dozen cheap
@@ -131,17 +134,6 @@ rules:
 
 def log(msg: str) -> None:
     print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", flush=True)
-
-
-def render_default(value, values: dict):
-    """A role default rendered with the others; one that needs Ansible (lookup()) stays as it is:
-    the unit does not use those."""
-    if not isinstance(value, str):
-        return value
-    try:
-        return jinja2.Template(value).render(values)
-    except jinja2.TemplateError:
-        return value
 
 
 def new_teamspace(prefix: str, i: int) -> dict:
@@ -265,31 +257,22 @@ class Bench:
         return True
 
     def unit(self, script: str) -> str:
-        """cnpa-op.service exactly as roles/cnpa_controller renders it (role defaults)."""
-        tpl = ROOT / "roles/cnpa_controller/templates/cnpa-op.service.j2"
-        values: dict = {"ansible_managed": "rendered by bench/run.py"}
-        for f in ("roles/cnpa/defaults/main.yml", "roles/cnpa_controller/defaults/main.yml"):
-            p = ROOT / f
-            if p.exists():
-                values.update(yaml.safe_load(p.read_text()) or {})
-        values.setdefault("cnpa_controller_period", 3)
-        values.setdefault("cnpa_controller_restart_sec", 1)
-        values["cnpa_kubeconfig"] = values.get("cnpa_kubeconfig", HOST_KUBECONFIG)
-        for _ in range(3):  # defaults refer to each other ("{{ cnpa_base_dir }}/archive")
-            values = {k: render_default(v, values) for k, v in values.items()}
-        values["cnpa_script"] = script
-        values["cnpa_controller_mode"] = "loop"  # this unit is the 3 s loop; watch is run apart
-        # The role's least-privilege ServiceAccount kubeconfig is made by the role; the benchmark
-        # runs the unit with the admin kubeconfig (its requests are the admin user's in the audit).
-        values["cnpa_controller_unit_kubeconfig"] = HOST_KUBECONFIG
-        values["cnpa_controller_least_privilege"] = False
-        if not tpl.exists():  # the spec's unit, if the role is not there
-            return ("[Service]\nEnvironment=KUBECONFIG=/etc/rancher/k3s/k3s.yaml\n"
-                    f"ExecStart=/bin/bash -c 'while true; do {script}; sleep 3; done'\n"
-                    "Restart=always\n")
-        env = jinja2.Environment()
-        env.filters["bool"] = lambda v: str(v).lower() in ("1", "true", "yes", "on")
-        return env.from_string(tpl.read_text()).render(values)
+        """cnpa-op.service as roles/cnpa_controller renders it: by Ansible (bench/render_unit.yml,
+        the role's defaults and template), with what the role would learn from this host."""
+        extra = {"cnpa_script": script, "cnpa_controller_mode": "loop",  # watch runs apart
+                 "cnpa_kubeconfig": HOST_KUBECONFIG, "cnpa_controller_api_local": True,
+                 # The admin kubeconfig, not the role's ServiceAccount: the requests of the
+                 # controller under test are then the admin user's in the audit log.
+                 "cnpa_controller_unit_kubeconfig": HOST_KUBECONFIG,
+                 "cnpa_controller_least_privilege": False}
+        with tempfile.TemporaryDirectory() as d:
+            extra["cnpa_bench_unit"] = f"{d}/cnpa-op.service"
+            proc = subprocess.run([ANSIBLE_PLAYBOOK, "-i", "localhost,", "bench/render_unit.yml",
+                                   "-e", json.dumps(extra)], cwd=ROOT, capture_output=True,
+                                  text=True, timeout=300, check=False)
+            if proc.returncode:
+                raise RuntimeError(f"rendering the unit failed: {proc.stdout[-2000:]}{proc.stderr}")
+            return Path(extra["cnpa_bench_unit"]).read_text()
 
     def service_env(self) -> str:
         """The environment cnpa-op.service gives reconcile.sh (read from the unit)."""
