@@ -26,11 +26,10 @@ from kubernetes.client.rest import ApiException  # noqa: E402
 
 from cnpa_controller import Api, ApiError  # noqa: E402
 from cnpa_controller.controller import Settings  # noqa: E402
+from cnpa_controller.plan import API_VERSION, GROUP, LABEL  # noqa: E402
 from testhost import instance as testhost  # noqa: E402
 
-GROUP, VERSION, PLURAL = "platform.labhub.io", "v1alpha1", "teamspaces"
-LABEL = f"{GROUP}/teamspace"
-FINALIZER = f"{GROUP}/cleanup"
+VERSION, PLURAL = API_VERSION.split("/")[1], "teamspaces"
 WRITE_VERBS = {"create", "update", "patch", "delete", "deletecollection"}
 HOST_KUBECONFIG = "/etc/rancher/k3s/k3s.yaml"
 # The project's (dev.py makes .venv), else whichever is on PATH.
