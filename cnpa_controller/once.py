@@ -55,7 +55,8 @@ def run_pass(api: Api, *, archive_dir: str, event_namespace: str, archive_namesp
     try:
         caches = read_state(api, page_size=page_size, request_timeout=request_timeout, log=log)
     except ApiError as exc:
-        log(f"cannot list TeamSpaces, namespaces or quotas ({exc}); pass aborted, nothing written")
+        log("cannot list TeamSpaces, namespaces or quotas (API server unreachable or CRD missing?); "
+            f"pass aborted, nothing written: {exc}")
         return EXIT_UNREADABLE
     todo = plans(caches, now)
     if plan_only is not None:
