@@ -300,6 +300,10 @@ class BenchHost:
         return [t for t in items if t["metadata"]["name"].startswith(prefix)]
 
     @staticmethod
+    def status_done(t: dict) -> bool:
+        """Status written for the current generation: the last write of a TeamSpace's pass."""
+        st, m = t.get("status") or {}, t["metadata"]
+        return st.get("observedGeneration") == m["generation"] and st.get("namespace") == f"team-{m['name']}"
 
     def converged(self, prefix: str, n: int) -> bool:
         ts = self.teamspaces(prefix)
