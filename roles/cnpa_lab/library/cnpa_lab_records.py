@@ -1,4 +1,3 @@
-#!/usr/bin/python
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """The lab's own archive records: found by name and uid, never by a file name alone."""
 
@@ -99,6 +98,7 @@ removed:
   elements: str
   returned: always
 """
+
 
 def _load(path):
     """The parsed JSON of a regular file, or None (missing, unreadable, not JSON, a symlink)."""

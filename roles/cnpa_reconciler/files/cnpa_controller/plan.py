@@ -68,7 +68,6 @@ _SUFFIX = {"": Fraction(1), "n": Fraction(1, 10**9), "u": Fraction(1, 10**6),
 _MAX_EXPONENT = 100
 
 
-
 # -- the intents ----------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Event:

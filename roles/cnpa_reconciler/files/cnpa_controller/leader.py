@@ -74,6 +74,7 @@ JITTER = 0.2
 LEASE_NAMESPACE, LEASE_NAME = "default", "cnpa-op"
 LEASE_SECONDS, RENEW_SECONDS, RETRY_SECONDS = 10, 7, 2
 
+
 def micro_time(wall: float) -> str:
     """A metav1.MicroTime: RFC 3339 with microseconds, in UTC."""
     return datetime.datetime.fromtimestamp(wall, datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
@@ -139,7 +140,6 @@ def boottime() -> float:
         return time.clock_gettime(time.CLOCK_BOOTTIME)
     except (AttributeError, OSError):
         return time.monotonic()
-
 
 
 class Elector:
@@ -231,7 +231,7 @@ class Elector:
     # -- internals --------------------------------------------------------------------------------
 
     def _release(self, mine: dict) -> None:
-        for _ in range(2):
+        for _attempt in range(2):
             try:
                 lease = self.api.request("GET", self.path, timeout=self._timeout)
                 if record_of(lease) != mine:

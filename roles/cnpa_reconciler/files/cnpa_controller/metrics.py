@@ -97,7 +97,7 @@ class Metrics:
         elif self._types[name] != kind:
             raise ValueError(f"{name} is a {self._types[name]}, not a {kind}")
         key = tuple(sorted((str(k), str(v)) for k, v in (labels or {}).items()))
-        for label, _ in key:
+        for label, _value in key:
             if not LABEL.match(label) or label.startswith("__"):
                 raise ValueError(f"invalid label name {label!r} on {name}")
         return key

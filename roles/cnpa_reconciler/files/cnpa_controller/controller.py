@@ -121,7 +121,7 @@ class Controller:
         self.executor = Executor(api, archive_dir=settings.archive_dir,
                                  event_namespace=settings.event_namespace,
                                  archive_namespace=settings.archive_namespace,
-                                 may_write=lambda: self.elector.is_leader(), observe=self.caches.observe,
+                                 may_write=self.elector.is_leader, observe=self.caches.observe,
                                  say=self.say, log=self.log, count=self._count)
 
     # -- output (the journal) --------------------------------------------------------------

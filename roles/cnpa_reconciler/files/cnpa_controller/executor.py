@@ -497,7 +497,7 @@ class Executor:
         """.NAME.json.XXXXXX, mktemp's form (earlier versions' reconcile.sh left these too: the
         sweep removes either's leftovers)."""
         chars = string.ascii_letters + string.digits
-        for _ in range(100):
+        for _attempt in range(100):
             path = os.path.join(d, prefix + "".join(random.choices(chars, k=6)))
             try:
                 return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644), path

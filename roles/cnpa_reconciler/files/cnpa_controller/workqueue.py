@@ -88,7 +88,7 @@ class WorkQueue:
         """Move the delayed names that are due into the queue; the seconds until the next one."""
         now = self._clock()
         while self._later and self._later[0][0] <= now:
-            due, _, name = heapq.heappop(self._later)
+            due, _seq, name = heapq.heappop(self._later)
             if self._waiting.get(name) == due:
                 del self._waiting[name]
                 self._add(name)

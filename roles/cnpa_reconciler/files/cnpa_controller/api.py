@@ -123,7 +123,7 @@ def kubeconfig_entries(kubeconfig: str) -> tuple[dict, str, dict, str]:
     paths = [p for p in kubeconfig.split(os.pathsep) if p]
     docs = [(os.path.dirname(os.path.abspath(p)), _load_document(p)) for p in paths
             if len(paths) == 1 or os.path.exists(p)]
-    current = next((d.get("current-context") for _, d in docs if d.get("current-context")), "")
+    current = next((d.get("current-context") for _path, d in docs if d.get("current-context")), "")
     if not current:
         raise KubeconfigError(f"{kubeconfig}: no current-context")
 
@@ -134,7 +134,7 @@ def kubeconfig_entries(kubeconfig: str) -> tuple[dict, str, dict, str]:
                     return e.get(section[:-1]) or {}, base
         raise KubeconfigError(f"{kubeconfig}: no {section[:-1]} named {name!r}")
 
-    context, _ = entry("contexts", current)
+    context, _context_dir = entry("contexts", current)
     cluster, cluster_dir = entry("clusters", context.get("cluster", ""))
     user, user_dir = entry("users", context.get("user", "")) if context.get("user") else ({}, "")
     return cluster, cluster_dir, user, user_dir
@@ -143,7 +143,7 @@ def kubeconfig_entries(kubeconfig: str) -> tuple[dict, str, dict, str]:
 def token_file_of(kubeconfig: str) -> str:
     """The tokenFile named by the current context's user of a kubeconfig ("" if none), as an
     absolute path (a relative one is relative to the kubeconfig's directory, as kubectl reads it)."""
-    _, _, user, base = kubeconfig_entries(kubeconfig)
+    _cluster, _cluster_dir, user, base = kubeconfig_entries(kubeconfig)
     path = user.get("tokenFile") or ""
     return os.path.join(base, path) if path else ""
 

@@ -163,7 +163,7 @@ def read_config(env: dict) -> dict:
     metrics_address = None
     text = env.get("CNPA_METRICS_ADDRESS") or ""
     if text:
-        host, _, port = text.rpartition(":")
+        host, _colon, port = text.rpartition(":")
         if not host or not port.isdigit() or not 0 < int(port) < 65536:
             raise ConfigError(f"CNPA_METRICS_ADDRESS={text!r}: must be HOST:PORT")
         metrics_address = (host.strip("[]"), int(port))
@@ -269,9 +269,9 @@ def main(env: dict | None = None, argv: list | tuple = ()) -> int:
                                  kwargs={"uid": elector.lease_uid if elector else ""}).start()
 
             elector = leader.Elector(api, lease["namespace"], lease["name"], lease["identity"],
-                              lease_seconds=lease["lease_seconds"],
-                              renew_seconds=lease["renew_seconds"],
-                              retry_seconds=lease["retry_seconds"], on_change=changed)
+                                     lease_seconds=lease["lease_seconds"],
+                                     renew_seconds=lease["renew_seconds"],
+                                     retry_seconds=lease["retry_seconds"], on_change=changed)
             return elector
 
     controller = Controller(api, settings, make_elector=make_elector, metrics=metrics)

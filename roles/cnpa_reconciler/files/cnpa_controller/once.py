@@ -62,7 +62,7 @@ def run_pass(api: Api, *, archive_dir: str, event_namespace: str, archive_namesp
         return EXIT_UNREADABLE
     todo = plans(caches, now)
     if plan_only is not None:
-        for _, writes in todo:
+        for _teamspace, writes in todo:
             for w in writes:
                 plan_only(json.dumps(plan.as_dict(w), separators=(",", ":")))
         return EXIT_OK
