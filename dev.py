@@ -13,6 +13,11 @@
     python3 dev.py docs            rewrite docs/lab.md's variable table from the roles'
                                    meta/argument_specs.yml (variable_docs.py; --check: only compare)
 
+Arguments after `--` go on unchanged: to pytest with test (`python3 dev.py test -- -k name`), to
+ansible-playbook with lab (`python3 dev.py lab -- -v`). Any other argument dev.py does not know,
+or an option given to a command it does not belong to (`lab --check`), is refused with the usage
+and exit 2, before anything is set up or run.
+
 Set-up: a virtualenv in .venv with requirements.lock (lab) or requirements-dev.lock (tests and
 linters), every package pinned with hashes; the `ansible` package bundles kubernetes.core, so no
 Ansible Galaxy is needed. Plus
@@ -178,9 +183,20 @@ def lab(destroy: bool, reset: bool, extra: list[str]) -> int:
     return rc
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+# Which command each option belongs to; given with another command it is refused.
+OPTION_COMMANDS = {"destroy": "lab", "reset": "lab", "check": "docs"}
+# The commands that pass arguments after `--` on (to pytest, to ansible-playbook).
+EXTRA_COMMANDS = ("test", "lab")
+
+
+def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
+    """The command and its options, and the arguments after the first `--` (passed on as they
+    are). Anything else is refused with the usage and exit 2 (argparse's error), before any
+    set-up or action."""
+    parser = argparse.ArgumentParser(prog="dev.py", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter,
+                                     usage="python3 dev.py {setup,lint,test,lab,docs} [options] "
+                                           "[-- ARGS for pytest or ansible-playbook]")
     parser.add_argument("command", choices=["setup", "lint", "test", "lab", "docs"])
     parser.add_argument("--destroy", action="store_true", help="with lab: remove the host")
     parser.add_argument("--reset", action="store_true",
@@ -188,7 +204,22 @@ def main() -> int:
                              "without asking")
     parser.add_argument("--check", action="store_true",
                         help="with docs: only say whether docs/lab.md is up to date")
-    args, extra = parser.parse_known_args()
+    extra: list[str] = []
+    if "--" in argv:
+        cut = argv.index("--")
+        argv, extra = argv[:cut], argv[cut + 1:]
+    args = parser.parse_args(argv)
+    for option, command in OPTION_COMMANDS.items():
+        if getattr(args, option) and args.command != command:
+            parser.error(f"--{option} belongs to `{command}`, not to `{args.command}`")
+    if extra and args.command not in EXTRA_COMMANDS:
+        parser.error(f"`{args.command}` passes nothing on: arguments after -- are for "
+                     f"{' and '.join(EXTRA_COMMANDS)}")
+    return args, extra
+
+
+def main(argv: list[str] | None = None) -> int:
+    args, extra = parse(sys.argv[1:] if argv is None else argv)
     if os.geteuid() != 0 and args.command in ("test", "lab"):
         sys.exit("dev.py: the test host needs root (debootstrap, systemd-nspawn, nsenter)")
     if shutil.which("apt-get") is None:
