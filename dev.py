@@ -23,7 +23,8 @@ linters), every package pinned with hashes; the `ansible` package bundles kubern
 Ansible Galaxy is needed. Plus
 the Debian packages the command uses (the test host installs its own: testhost/). It is re-done
 only when the requirements change. Needs root (the lab writes /root/cnpa-op; the test host needs
-debootstrap, systemd-nspawn). What each command leaves on the machine: README.md, first box.
+debootstrap, systemd-nspawn). What each command leaves on the machine: README.md, "What the two
+commands leave on this machine"; how long each takes: docs/figures.md.
 """
 
 from __future__ import annotations
@@ -166,9 +167,9 @@ def lab(destroy: bool, reset: bool, extra: list[str]) -> int:
     if info.returncode != 0 or not json.loads(info.stdout)["running"]:
         if info.returncode == 0:
             sh([py, "-m", "testhost", "destroy", LAB_HOST])
-        say(f"creating local test host {LAB_HOST!r} (the first time about 11 min on 2 cores: it "
-            "builds the control plane from Go modules and a Debian rootfs, with a progress line "
-            "every 30 s; with the cache 11-20 s)")
+        say(f"creating local test host {LAB_HOST!r} (the first time it builds the control plane "
+            "and kine from Go modules and a Debian rootfs, which takes minutes, with a progress "
+            "line every 30 s; with the cache seconds; figures: docs/figures.md)")
         if sh([py, "-m", "testhost", "create", LAB_HOST], stdout=subprocess.DEVNULL) != 0:
             return 1
     inventory = json.loads(subprocess.run([py, "-m", "testhost", "info", LAB_HOST], cwd=ROOT,
