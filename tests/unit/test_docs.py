@@ -24,7 +24,7 @@ SUBJECT = re.compile(r"dev\.py|\.ci/run|pytest|\bsuite\b|\blab\b|\bbuil[dt]|\bte
                      r"first time|\bcold\b|\bwarm\b", re.IGNORECASE)
 # A measured time in minutes ("47 min 05 s", "9 min", "10.6 min", "3-5 min", "12 minutes"); not a
 # period ("every 5 minutes").
-MINUTES = re.compile(r"(?<!every )\b\d+(?:[.,]\d+)?(?:\s*[-–]\s*\d+(?:[.,]\d+)?)?\s*"
+MINUTES = re.compile(r"(?<!every )\b\d+(?:[.,]\d+)?(?:\s*[-\u2013]\s*\d+(?:[.,]\d+)?)?\s*"
                      r"(?:min|minutes?)\b", re.IGNORECASE)
 FENCE = re.compile(r"^```.*?^```", re.MULTILINE | re.DOTALL)
 INLINE_CODE = re.compile(r"`[^`\n]*`")
@@ -67,21 +67,22 @@ def test_figures_page_has_a_date_and_command_for_each_figure():
     for row in rows:
         cells = [c.strip() for c in row.strip().strip("|").split("|")]
         assert len(cells) == 4, row
-        measurement, figure, date, command = cells
+        _measurement, figure, date, command = cells
         assert re.search(r"\d", figure), row
         assert re.fullmatch(r"\d{4}-\d{2}-\d{2}(; \d{4}-\d{2}-\d{2})*", date), row
         assert command, row
 
 
-@pytest.mark.parametrize("measurement,figure", [
-    ("`python3 dev.py test`, clean clone, warm caches", "47 min 05 s"),
-    ("`python3 dev.py test`, cold (fresh machine, builds included)", "53 min 41 s"),
-    ("`python3 dev.py lab`, first time on a fresh machine", "11 min 43 s"),
-    ("`python3 dev.py lab` again, cache warm, on a new test host", "7 min 07 s"),
+@pytest.mark.parametrize("measurement", [
+    "`python3 dev.py test`, clean clone, warm caches",
+    "`python3 dev.py test`, cold (fresh machine, builds included)",
+    "`python3 dev.py lab`, first time on a fresh machine",
+    "`python3 dev.py lab` again, cache warm, on a new test host",
 ])
-def test_figures_page_holds_the_current_figures(measurement, figure):
-    row = [line for line in FIGURES.read_text().splitlines() if line.startswith(f"| {measurement} |")]
-    assert len(row) == 1 and figure in row[0], (measurement, row)
+def test_figures_page_has_one_row_for_each_measurement_of_the_two_commands(measurement):
+    # The figures themselves are written only there, not here.
+    rows = [line for line in FIGURES.read_text().splitlines() if line.startswith(f"| {measurement} |")]
+    assert len(rows) == 1, (measurement, rows)
 
 
 def test_readme_links_to_the_figures_page():
