@@ -13,12 +13,18 @@
     python3 dev.py docs            rewrite docs/lab.md's variable table from the roles'
                                    meta/argument_specs.yml (variable_docs.py; --check: only compare)
 
+Arguments after `--` go on unchanged: to pytest with test (`python3 dev.py test -- -k name`), to
+ansible-playbook with lab (`python3 dev.py lab -- -v`). Any other argument dev.py does not know,
+or an option given to a command it does not belong to (`lab --check`), is refused with the usage
+and exit 2, before anything is set up or run.
+
 Set-up: a virtualenv in .venv with requirements.lock (lab) or requirements-dev.lock (tests and
 linters), every package pinned with hashes; the `ansible` package bundles kubernetes.core, so no
 Ansible Galaxy is needed. Plus
 the Debian packages the command uses (the test host installs its own: testhost/). It is re-done
 only when the requirements change. Needs root (the lab writes /root/cnpa-op; the test host needs
-debootstrap, systemd-nspawn). What each command leaves on the machine: README.md, first box.
+debootstrap, systemd-nspawn). What each command leaves on the machine: README.md, "What the two
+commands leave on this machine"; how long each takes: docs/figures.md.
 """
 
 from __future__ import annotations
@@ -161,9 +167,9 @@ def lab(destroy: bool, reset: bool, extra: list[str]) -> int:
     if info.returncode != 0 or not json.loads(info.stdout)["running"]:
         if info.returncode == 0:
             sh([py, "-m", "testhost", "destroy", LAB_HOST])
-        say(f"creating local test host {LAB_HOST!r} (the first time about 11 min on 2 cores: it "
-            "builds the control plane from Go modules and a Debian rootfs, with a progress line "
-            "every 30 s; with the cache 11-20 s)")
+        say(f"creating local test host {LAB_HOST!r} (the first time it builds the control plane "
+            "and kine from Go modules and a Debian rootfs, which takes minutes, with a progress "
+            "line every 30 s; with the cache seconds; figures: docs/figures.md)")
         if sh([py, "-m", "testhost", "create", LAB_HOST], stdout=subprocess.DEVNULL) != 0:
             return 1
     inventory = json.loads(subprocess.run([py, "-m", "testhost", "info", LAB_HOST], cwd=ROOT,
@@ -178,9 +184,20 @@ def lab(destroy: bool, reset: bool, extra: list[str]) -> int:
     return rc
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+# Which command each option belongs to; given with another command it is refused.
+OPTION_COMMANDS = {"destroy": "lab", "reset": "lab", "check": "docs"}
+# The commands that pass arguments after `--` on (to pytest, to ansible-playbook).
+EXTRA_COMMANDS = ("test", "lab")
+
+
+def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
+    """The command and its options, and the arguments after the first `--` (passed on as they
+    are). Anything else is refused with the usage and exit 2 (argparse's error), before any
+    set-up or action."""
+    parser = argparse.ArgumentParser(prog="dev.py", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter,
+                                     usage="python3 dev.py {setup,lint,test,lab,docs} [options] "
+                                           "[-- ARGS for pytest or ansible-playbook]")
     parser.add_argument("command", choices=["setup", "lint", "test", "lab", "docs"])
     parser.add_argument("--destroy", action="store_true", help="with lab: remove the host")
     parser.add_argument("--reset", action="store_true",
@@ -188,7 +205,22 @@ def main() -> int:
                              "without asking")
     parser.add_argument("--check", action="store_true",
                         help="with docs: only say whether docs/lab.md is up to date")
-    args, extra = parser.parse_known_args()
+    extra: list[str] = []
+    if "--" in argv:
+        cut = argv.index("--")
+        argv, extra = argv[:cut], argv[cut + 1:]
+    args = parser.parse_args(argv)
+    for option, command in OPTION_COMMANDS.items():
+        if getattr(args, option) and args.command != command:
+            parser.error(f"--{option} belongs to `{command}`, not to `{args.command}`")
+    if extra and args.command not in EXTRA_COMMANDS:
+        parser.error(f"`{args.command}` passes nothing on: arguments after -- are for "
+                     f"{' and '.join(EXTRA_COMMANDS)}")
+    return args, extra
+
+
+def main(argv: list[str] | None = None) -> int:
+    args, extra = parse(sys.argv[1:] if argv is None else argv)
     if os.geteuid() != 0 and args.command in ("test", "lab"):
         sys.exit("dev.py: the test host needs root (debootstrap, systemd-nspawn, nsenter)")
     if shutil.which("apt-get") is None:

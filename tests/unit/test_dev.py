@@ -51,3 +51,74 @@ def test_end_of_input_at_the_question_is_no():
         raise EOFError
 
     assert dev.lab_reset_args(own_testhost=False, reset=False, interactive=True, ask=ask) is None
+
+
+# The command line: an argument dev.py does not know is refused before anything runs (`lab
+# --check` must not run the whole lab); arguments after `--` are passed on as they are.
+
+@pytest.fixture
+def actions(monkeypatch):
+    """Every action main() could take, recorded instead of done; root and apt-get present."""
+    done = []
+    monkeypatch.setattr(dev.os, "geteuid", lambda: 0)
+    monkeypatch.setattr(dev.shutil, "which", lambda name: f"/usr/bin/{name}")
+    monkeypatch.setattr(dev, "setup", lambda *a, **kw: done.append(("setup", a)))
+    monkeypatch.setattr(dev, "apt_install", lambda *a: done.append(("apt_install", a)))
+    monkeypatch.setattr(dev, "sh", lambda cmd, **kw: done.append(("sh", cmd)) or 0)
+    monkeypatch.setattr(dev, "lint", lambda: done.append(("lint",)) or 0)
+    monkeypatch.setattr(dev, "test", lambda extra: done.append(("test", extra)) or 0)
+    monkeypatch.setattr(dev, "lab", lambda destroy, reset, extra:
+                        done.append(("lab", destroy, reset, extra)) or 0)
+
+    def no_subprocess(*a, **kw):
+        raise AssertionError(f"subprocess started: {a!r}")
+
+    monkeypatch.setattr(dev.subprocess, "run", no_subprocess)
+    monkeypatch.setattr(dev.subprocess, "Popen", no_subprocess)
+    return done
+
+
+@pytest.mark.parametrize("argv", [
+    ["lab", "--check"],                 # --check is docs's: it would have run the whole lab
+    ["lab", "--chek"],                  # a typo
+    ["test", "-k", "name"],             # pytest's option without `--`
+    ["test", "--destroy"],
+    ["docs", "--reset"],
+    ["docs", "--", "--write"],          # docs passes nothing on
+    ["lint", "--", "-x"],
+    ["deploy"],
+])
+def test_unknown_or_misplaced_argument_is_refused_with_usage_and_nothing_done(argv, actions, capsys):
+    with pytest.raises(SystemExit) as exc:
+        dev.main(argv)
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("usage: python3 dev.py {setup,lint,test,lab,docs}")
+    assert "error:" in err
+    assert actions == []
+
+
+def test_check_with_lab_names_the_command_it_belongs_to(actions, capsys):
+    with pytest.raises(SystemExit):
+        dev.main(["lab", "--check"])
+    assert "--check belongs to `docs`, not to `lab`" in capsys.readouterr().err
+    assert actions == []
+
+
+@pytest.mark.parametrize("argv,expected", [
+    (["test", "--", "-k", "name"], ("test", ["-k", "name"])),
+    (["test", "--", "-n", "0", "--", "x"], ("test", ["-n", "0", "--", "x"])),
+    (["test"], ("test", [])),
+    (["lab", "--", "-v", "--check"], ("lab", False, False, ["-v", "--check"])),
+    (["lab", "--reset", "--", "-e", "x=1"], ("lab", False, True, ["-e", "x=1"])),
+    (["lab", "--destroy"], ("lab", True, False, [])),
+])
+def test_arguments_after_double_dash_are_passed_on(argv, expected, actions):
+    assert dev.main(argv) == 0
+    assert actions[-1] == expected
+    assert [a[0] for a in actions] == ["setup", expected[0]]
+
+
+def test_docs_check_still_compares_only(actions):
+    assert dev.main(["docs", "--check"]) == 0
+    assert actions[-1] == ("sh", [str(dev.BIN / "python"), "variable_docs.py", "--check"])
