@@ -127,7 +127,7 @@ def test(extra: list[str]) -> int:
     return sh([str(BIN / "pytest"), "-v", "-rfE", "--durations=10",
                "-n", "2", "--dist", "loadscope", "--no-loadscope-reorder",
                "tests/unit", "tests/lint", "tests/host", "tests/controller", "tests/faults",
-               "tests/multihost", "tests/molecule", *extra])
+               "tests/multihost", "tests/molecule", "tests/collection", *extra])
 
 
 def lab_reset_args(*, own_testhost: bool, reset: bool, interactive: bool,

@@ -19,7 +19,7 @@ for path in (TESTS.parent, TESTS):
 # longer reads, so every test became a group of its own.)
 SHARED_HOSTS = ["tests/multihost/", "tests/molecule/test_molecule.py::test_molecule_default",
                 "tests/host/", "tests/faults/", "tests/molecule/test_molecule.py::test_molecule_controller",
-                "tests/controller/"]
+                "tests/collection/", "tests/controller/"]
 
 
 def _unit_of(nodeid: str) -> str:

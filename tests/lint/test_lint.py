@@ -1,4 +1,5 @@
-"""Every linter the project promises, each a test: ruff, yamllint, ansible-lint, shellcheck."""
+"""Every linter the project promises, each a test: ruff, yamllint, ansible-lint, shellcheck, and
+antsibull-changelog on the collection's changelog fragments."""
 
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ def _run(cmd: list[str]) -> subprocess.CompletedProcess:
     pytest.param(["yamllint", "--strict", "."], id="yamllint"),
     pytest.param(["ansible-lint", "--profile", "production", "--strict"], id="ansible-lint"),
     pytest.param(["shellcheck", "--severity=style", *SHELL_SCRIPTS], id="shellcheck"),
+    pytest.param(["antsibull-changelog", "lint"], id="changelog"),
 ])
 def test_lint_clean(cmd):
     proc = _run(cmd)
