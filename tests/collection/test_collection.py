@@ -1,6 +1,7 @@
 """labhub.cnpa as another team uses it: the collection built from this repository, installed from
 its tarball with no network into an empty collections path, checked by `ansible-test sanity`, and
-used from a directory outside the repository by a playbook against a real test host.
+used from a directory outside the repository by a playbook against a real test host; and an
+upgrade from the previous release (its tarball built from its commit, PREVIOUS) to this one.
 
 No Galaxy here: the collection's dependencies (kubernetes.core, ansible.posix) are installed from
 the copies the pinned `ansible` package bundles, and Ansible is told to look nowhere else
@@ -33,6 +34,9 @@ LOGS = ROOT / ".cache" / "test-logs"
 ANSIBLE_TEST_HOME = (Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
                      / "cnpa-op" / "ansible-test")
 GALAXY = yaml.safe_load((ROOT / "galaxy.yml").read_text())
+# The release an upgrade starts from: 1.0.0, the commit tagged v1.0.0 (named by its id, which
+# every clone of main has, tags or not).
+PREVIOUS = "9fc8a3bbc52db84b439045f2bbc5f80e2c4d22ea"
 
 CONSUMER_PLAYBOOK = """\
 ---
@@ -66,29 +70,41 @@ def recap(text: str, name: str) -> dict[str, int]:
     return {k: int(v) for k, v in re.findall(r"(\w+)=(\d+)", line.group(1))}
 
 
-@pytest.fixture(scope="module")
-def collection(tmp_path_factory):
-    work = tmp_path_factory.mktemp("collection")
-    consumer = work / "consumer"
-    consumer.mkdir()
-    path = work / "collections"
-    # Only what the consumer installed, and no ansible.cfg of ours (cwd is outside the repository).
+def consumer_env(path: Path) -> dict:
+    """Ansible as another team runs it: only the collections installed in path, no ansible.cfg of
+    ours (cwd is outside the repository)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("ANSIBLE_")}
     env.update(ANSIBLE_COLLECTIONS_PATH=str(path), ANSIBLE_COLLECTIONS_SCAN_SYS_PATH="false",
                ANSIBLE_FORCE_COLOR="0", NO_COLOR="1", PATH=f"{BIN}:{env.get('PATH', '/usr/bin:/bin')}")
-    run([BIN / "ansible-galaxy", "collection", "build", "--output-path", work, ROOT],
-        cwd=consumer, env=env, log="collection-build.log")
-    tarball = work / f"labhub-cnpa-{GALAXY['version']}.tar.gz"
+    return env
+
+
+def build_and_install(source: Path, work: Path, name: str) -> SimpleNamespace:
+    """The collection in source built into work, installed offline into work/name with its
+    dependencies copied from the ansible package's bundled ones (no Galaxy here)."""
+    consumer = work / f"{name}-consumer"
+    consumer.mkdir()
+    path = work / name
+    env = consumer_env(path)
+    version = yaml.safe_load((source / "galaxy.yml").read_text())["version"]
+    run([BIN / "ansible-galaxy", "collection", "build", "--output-path", work, source],
+        cwd=consumer, env=env, log=f"collection-{name}-build.log")
+    tarball = work / f"labhub-cnpa-{version}.tar.gz"
     bundled = Path(importlib.util.find_spec("ansible_collections").submodule_search_locations[0])
     for dependency in GALAXY["dependencies"]:
-        namespace, name = dependency.split(".")
-        shutil.copytree(bundled / namespace / name, path / "ansible_collections" / namespace / name,
+        namespace, dep = dependency.split(".")
+        shutil.copytree(bundled / namespace / dep, path / "ansible_collections" / namespace / dep,
                         symlinks=True)
     text = run([BIN / "ansible-galaxy", "collection", "install", "--offline", "-p", path, tarball],
-               cwd=consumer, env=env, log="collection-install.log")
-    assert "labhub.cnpa:" + GALAXY["version"] + " was installed successfully" in text, text
-    return SimpleNamespace(tarball=tarball, path=path, consumer=consumer, env=env,
+               cwd=consumer, env=env, log=f"collection-{name}-install.log")
+    assert f"labhub.cnpa:{version} was installed successfully" in text, text
+    return SimpleNamespace(tarball=tarball, path=path, consumer=consumer, env=env, version=version,
                            root=path / "ansible_collections" / "labhub" / "cnpa")
+
+
+@pytest.fixture(scope="module")
+def collection(tmp_path_factory):
+    return build_and_install(ROOT, tmp_path_factory.mktemp("collection"), "current")
 
 
 def test_the_tarball_is_the_collection_and_carries_its_own_files(collection):
@@ -134,13 +150,21 @@ def test_ansible_test_sanity_passes_with_no_ignore_file(collection):
     assert "Running sanity test \"validate-modules\"" in text and "pylint" in text, text[-3000:]
 
 
-@pytest.fixture(scope="module")
-def host():
+def a_host(name: str):
     if os.geteuid() != 0:
         pytest.skip("the test host needs root")
-    with session_host(os.environ.get("CNPA_COLLECTION_TESTHOST_NAME", "pytest-collection"),
-                      "CNPA_COLLECTION_TESTHOST_REUSE") as inst:
+    with session_host(name, "CNPA_COLLECTION_TESTHOST_REUSE") as inst:
         yield Host(inst)
+
+
+@pytest.fixture(scope="module")
+def host():
+    yield from a_host(os.environ.get("CNPA_COLLECTION_TESTHOST_NAME", "pytest-collection"))
+
+
+@pytest.fixture(scope="module")
+def upgrade_host():
+    yield from a_host(os.environ.get("CNPA_UPGRADE_TESTHOST_NAME", "pytest-upgrade"))
 
 
 def test_a_playbook_outside_the_repository_installs_a_serving_controller(collection, host):
@@ -163,3 +187,80 @@ def test_a_playbook_outside_the_repository_installs_a_serving_controller(collect
     text = run([BIN / "ansible-playbook", "-i", inventory, "labhub.cnpa.controller"],
                cwd=collection.consumer, env=collection.env, log="collection-controller.log")
     assert recap(text, host.inst.name)["changed"] == 0, (time.monotonic() - started, text[-3000:])
+
+
+@pytest.fixture(scope="module")
+def previous(tmp_path_factory):
+    """The previous release, built from its commit as it was released."""
+    work = tmp_path_factory.mktemp("previous")
+    source = work / "source"
+    source.mkdir()
+    tag = subprocess.run(["git", "-C", ROOT, "rev-parse", "--verify", "-q", f"{PREVIOUS}^{{commit}}"],
+                         capture_output=True, text=True, check=False)
+    assert tag.returncode == 0, (f"the upgrade test starts from release 1.0.0, commit {PREVIOUS}: "
+                                 "this checkout does not have it (a clone of main has)")
+    archive = subprocess.run(["git", "-C", ROOT, "archive", "--format=tar", PREVIOUS],
+                             capture_output=True, check=True)
+    subprocess.run(["tar", "-x", "-C", source], input=archive.stdout, check=True)
+    built = build_and_install(source, work, "previous")
+    assert built.version != GALAXY["version"], "this release has the previous one's version"
+    return built
+
+
+def managers(host: Host, *what: str) -> set[str]:
+    """The field managers of an object (kubectl leaves managedFields out unless asked)."""
+    got = host.get(*what, "--show-managed-fields")
+    return {entry["manager"] for entry in got["metadata"].get("managedFields", [])}
+
+
+def test_an_upgrade_from_the_previous_release_loses_nothing_and_changes_nothing_twice(
+        previous, collection, upgrade_host):
+    host = upgrade_host
+    inventory = str(host.inst.inventory)
+    run([BIN / "ansible-playbook", "-i", inventory, "labhub.cnpa.controller"],
+        cwd=previous.consumer, env=previous.env, log="collection-upgrade-previous.log")
+    for name in ("kept", "gone"):
+        host.apply(teamspace(name, pods=2))
+    for name in ("kept", "gone"):
+        wait_for(lambda n=name: host.get("resourcequota", "-n", f"team-{n}")["items"], timeout=60,
+                 what=f"the previous release's controller to serve {name}")
+    host.kubectl("delete", "teamspace", "gone", "--wait=true", "--timeout=60s")
+    record = host.sh("cat /root/cnpa-op/archive/gone.json").stdout
+    assert json.loads(record)["name"] == "gone"
+    in_cluster = host.get("configmaps", "-n", "cnpa-system",
+                          "-l", "platform.labhub.io/archived-teamspace=gone")["items"]
+    assert len(in_cluster) == 1
+    kept_uid = host.get("teamspace", "kept")["metadata"]["uid"]
+
+    text = run([BIN / "ansible-playbook", "-i", inventory, "labhub.cnpa.controller"],
+               cwd=collection.consumer, env=collection.env, log="collection-upgrade-current.log")
+    assert recap(text, host.inst.name)["failed"] == 0
+
+    # Nothing lost: the TeamSpace and what it owns, the archive record on disk and in the cluster.
+    kept = host.get("teamspace", "kept")
+    assert kept["metadata"]["uid"] == kept_uid
+    assert host.get("resourcequota", "-n", "team-kept")["items"]
+    assert host.sh("cat /root/cnpa-op/archive/gone.json").stdout == record
+    assert [c["metadata"]["uid"] for c in host.get(
+        "configmaps", "-n", "cnpa-system", "-l", "platform.labhub.io/archived-teamspace=gone")["items"]] \
+        == [c["metadata"]["uid"] for c in in_cluster]
+    # One controller, the new one, writing: it serves a TeamSpace made after the upgrade.
+    assert host.sh("systemctl is-active cnpa-op.service").stdout.strip() == "active"
+    pids = host.sh("pgrep -f -- '-m [c]npa_controller' || true").stdout.split()
+    assert len(pids) == 1, pids
+    assert host.sh("cat /root/cnpa-op/cnpa_controller/plan.py").stdout == \
+        (ROOT / "cnpa_controller" / "plan.py").read_text()
+    host.apply(teamspace("after", pods=1))
+    wait_for(lambda: host.get("resourcequota", "-n", "team-after")["items"], timeout=60,
+             what="the upgraded controller to serve a new TeamSpace")
+    # Applied server-side from now on, and field manager cnpa-op alone owns what the previous
+    # release wrote: what a later release drops goes from the server too.
+    assert managers(host, "clusterrole", "cnpa-op") == {"cnpa-op"}
+    assert managers(host, "clusterrole", "cnpa-teamspaces-view") == {"cnpa-op"}
+    assert "OpenAPI-Generator" not in managers(host, "validatingadmissionpolicy", "cnpa-op-teamspaces")
+    assert "OpenAPI-Generator" not in managers(host, "crd", "teamspaces.platform.labhub.io")
+    assert managers(host, "lease", "-n", "cnpa-system", "cnpa-op") == {"cnpa-op", "cnpa-controller"}
+
+    text = run([BIN / "ansible-playbook", "-i", inventory, "labhub.cnpa.controller"],
+               cwd=collection.consumer, env=collection.env, log="collection-upgrade-again.log")
+    assert recap(text, host.inst.name)["changed"] == 0, text[-3000:]
