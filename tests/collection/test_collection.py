@@ -257,7 +257,6 @@ def test_an_upgrade_from_the_previous_release_loses_nothing_and_changes_nothing_
     # release wrote: what a later release drops goes from the server too.
     assert managers(host, "clusterrole", "cnpa-op") == {"cnpa-op"}
     assert managers(host, "clusterrole", "cnpa-teamspaces-view") == {"cnpa-op"}
-    assert "OpenAPI-Generator" not in managers(host, "validatingadmissionpolicy", "cnpa-op-teamspaces")
     assert "OpenAPI-Generator" not in managers(host, "crd", "teamspaces.platform.labhub.io")
     assert managers(host, "lease", "-n", "cnpa-system", "cnpa-op") == {"cnpa-op", "cnpa-controller"}
 
