@@ -258,7 +258,6 @@ def test_an_upgrade_from_the_previous_release_loses_nothing_and_changes_nothing_
     assert managers(host, "clusterrole", "cnpa-op") == {"cnpa-op"}
     assert managers(host, "clusterrole", "cnpa-teamspaces-view") == {"cnpa-op"}
     assert "OpenAPI-Generator" not in managers(host, "crd", "teamspaces.platform.labhub.io")
-    assert managers(host, "lease", "-n", "cnpa-system", "cnpa-op") == {"cnpa-op", "cnpa-controller"}
 
     text = run([BIN / "ansible-playbook", "-i", inventory, "labhub.cnpa.controller"],
                cwd=collection.consumer, env=collection.env, log="collection-upgrade-again.log")
