@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import time
 from collections.abc import Iterator
@@ -49,6 +50,14 @@ class Host:
     def audit_lines(self) -> list[dict]:
         text = self.sh("cat /var/log/kubernetes/audit.log").stdout
         return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
+
+def recap(text: str, name: str) -> dict[str, int]:
+    """The counts (ok, changed, failed, ...) of host name's line in an ansible-playbook recap."""
+    line = re.search(rf"^{re.escape(name)}\s*:\s*(.*)$", text, re.MULTILINE)
+    assert line, f"no PLAY RECAP line for {name}"
+    return {k: int(v) for k, v in re.findall(r"(\w+)=(\d+)", line.group(1))}
 
 
 def wait_for(predicate, *, timeout: float, interval: float = 0.25, what: str = "condition"):

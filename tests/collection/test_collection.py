@@ -24,7 +24,7 @@ from types import SimpleNamespace
 import pytest
 import yaml
 from fixtures import teamspace
-from hostlib import Host, session_host, wait_for
+from hostlib import Host, recap, session_host, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
@@ -62,12 +62,6 @@ def run(argv: list, cwd: Path, env: dict, log: str, timeout: float = 900) -> str
     tail = "\n".join(text.splitlines()[-60:])
     assert proc.returncode == 0, f"{argv[0]} {argv[1]} failed ({LOGS / log}):\n{tail}"
     return text
-
-
-def recap(text: str, name: str) -> dict[str, int]:
-    line = re.search(rf"^{re.escape(name)}\s*:\s*(.*)$", text, re.MULTILINE)
-    assert line, f"no PLAY RECAP line for {name}"
-    return {k: int(v) for k, v in re.findall(r"(\w+)=(\d+)", line.group(1))}
 
 
 def consumer_env(path: Path) -> dict:

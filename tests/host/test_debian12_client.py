@@ -23,7 +23,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from hostlib import ROOT, Host
+from hostlib import ROOT, Host, recap
 
 from testhost import instance as instance_mod
 
@@ -84,12 +84,6 @@ def playbook(inst, playbook_path: Path | str, log: Path, *args: str,
     tail = "\n".join(text.splitlines()[-80:])
     assert proc.returncode == 0, f"ansible-playbook {playbook_path} failed; end of {log}:\n{tail}"
     return text
-
-
-def recap(text: str, name: str) -> dict[str, int]:
-    line = re.search(rf"^{re.escape(name)}\s*:\s*(.*)$", text, re.MULTILINE)
-    assert line, f"no PLAY RECAP line for {name}"
-    return {k: int(v) for k, v in re.findall(r"(\w+)=(\d+)", line.group(1))}
 
 
 def run_role(inst, tmp_path: Path, log_name: str, *args: str) -> tuple[str, dict]:
