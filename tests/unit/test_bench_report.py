@@ -1,8 +1,9 @@
-"""bench/report.py's verdicts on issue 13's targets, on hand-made results: each target is reported
+"""bench/report.py's verdicts on the watch controller's targets, on hand-made results: each target is reported
 met or MISSED by how much, from the same figures the tables show."""
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -100,9 +101,20 @@ def test_each_set_of_lease_timings_gets_its_own_leader_lost_verdict():
 def test_rows_measured_under_load_are_flagged_at_the_top():
     quiet = {**watch_run(200), "load": {"before": [0.4, 0.5, 0.6]}, "started": "2026-12-05 03:00 UTC"}
     busy = {**watch_run(1000), "load": {"before": [9.7, 10.1, 8.0]}, "started": "2026-12-04 18:33 UTC"}
-    assert report.noisy_line(results(quiet, sizes=(200,))) == []
-    line = report.noisy_line(results(quiet, busy, sizes=(200, 1000)))[0]
+    assert report.load_line(results(quiet, sizes=(200,))) == []
+    line = report.load_line(results(quiet, busy, sizes=(200, 1000)))[0]
     assert "1 rows (watch)" in line and "2026-12-04" in line and "9.7-9.7" in line
+    assert report.LOAD_NOTE not in line  # written for other rows
+
+
+def test_the_hand_written_load_note_is_shown_for_exactly_the_rows_it_describes():
+    committed = json.loads((Path(__file__).resolve().parents[2] / "bench/results.json").read_text())
+    line = report.load_line(committed)[0]
+    assert report.LOAD_NOTE in line and "2026-12-04" not in line.split("**")[1]
+    busy = next(r for r in committed["runs"] if (r.get("load") or {}).get("before", [0])[0] >= 2)
+    redone = {**committed, "runs": [{**r, "started": "2026-12-07 09:00 UTC"} if r is busy else r
+                                    for r in committed["runs"]]}
+    assert report.LOAD_NOTE not in report.load_line(redone)[0]
 
 
 def test_rows_of_each_datastore_are_kept_apart_and_compared():
