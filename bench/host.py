@@ -64,7 +64,7 @@ HA_LEASE = "cnpa-op-bench"
 # (cnpa_controller_archive_configmaps); the floor's deletions write the same ConfigMaps.
 ARCHIVE_NAMESPACE = "cnpa-bench-archive"
 # The naive baseline takes minutes per pass at N = 200 (hours to converge 1,000). The 3 s loop fits
-# up to about 1,000: at 5,000 its idle pass alone (3.5 s, issue 13) is longer than its sleep.
+# up to about 1,000: at 5,000 its idle pass alone (3.5 s, bench/NOTES.md) is longer than its sleep.
 MAX_N = {"naive": 200, "reconcile.sh": 1000, "reconcile.sh-before": 1000}
 FLOOR_IN_FLIGHT = 32  # see run_floor
 # The control plane's processes inside the host, whose CPU time over a converge says what bounds it.

@@ -1,4 +1,4 @@
-"""Benchmark: reconcile cost versus the number of TeamSpaces (issue 5).
+"""Benchmark: reconcile cost versus the number of TeamSpaces.
 
     sudo bench-venv/bin/python bench/run.py   # N = 1 ... 5,000; writes docs/benchmark.*
 
@@ -11,7 +11,7 @@ touched, only the copy inside this host), installs the CRD and reconcile.sh from
 and runs cnpa-op.service rendered from roles/cnpa_controller. Then, for every N and for each
 controller - reconcile.sh (the 3 s loop), the naive baseline (bench/naive_reconcile.sh, same unit),
 the kopf peer (bench/kopf_peer.py, event-driven) and the watch controller (`python3 -m
-cnpa_controller`, issue 13; like kopf run on this machine against the host's API server) - it
+cnpa_controller`; like kopf run on this machine against the host's API server) - it
 measures:
 
   converge   create N TeamSpaces, time until every one has its namespace (owned by it), its
