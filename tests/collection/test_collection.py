@@ -168,7 +168,8 @@ def test_a_playbook_outside_the_repository_installs_a_serving_controller(collect
     run([BIN / "ansible-playbook", "-i", inventory, play], cwd=collection.consumer,
         env=collection.env, log="collection-consumer.log")
     assert host.sh("systemctl is-active cnpa-op.service").stdout.strip() == "active"
-    assert host.sh("cat /root/cnpa-op/reconcile.sh").stdout == (ROOT / "reconcile.sh").read_text()
+    # The roles' default layout (cnpa_layout=system): code under /opt/cnpa-op.
+    assert host.sh("cat /opt/cnpa-op/reconcile.sh").stdout == (ROOT / "reconcile.sh").read_text()
 
     host.apply(teamspace("consumer-team", pods=3))
     quotas = wait_for(lambda: host.get("resourcequota", "-n", "team-consumer-team")["items"],
@@ -234,7 +235,10 @@ def test_an_upgrade_from_the_previous_release_loses_nothing_and_changes_nothing_
     kept = host.get("teamspace", "kept")
     assert kept["metadata"]["uid"] == kept_uid
     assert host.get("resourcequota", "-n", "team-kept")["items"]
+    # The previous release kept its archive under /root/cnpa-op (the lab's layout): the record is
+    # there still, and copied to this release's archive.
     assert host.sh("cat /root/cnpa-op/archive/gone.json").stdout == record
+    assert host.sh("cat /var/lib/cnpa-op/archive/gone.json").stdout == record
     assert [c["metadata"]["uid"] for c in host.get(
         "configmaps", "-n", "cnpa-system", "-l", "platform.labhub.io/archived-teamspace=gone")["items"]] \
         == [c["metadata"]["uid"] for c in in_cluster]
@@ -242,7 +246,7 @@ def test_an_upgrade_from_the_previous_release_loses_nothing_and_changes_nothing_
     assert host.sh("systemctl is-active cnpa-op.service").stdout.strip() == "active"
     pids = host.sh("pgrep -f -- '-m [c]npa_controller' || true").stdout.split()
     assert len(pids) == 1, pids
-    assert host.sh("cat /root/cnpa-op/cnpa_controller/plan.py").stdout == \
+    assert host.sh("cat /opt/cnpa-op/cnpa_controller/plan.py").stdout == \
         (ROOT / "cnpa_controller" / "plan.py").read_text()
     host.apply(teamspace("after", pods=1))
     wait_for(lambda: host.get("resourcequota", "-n", "team-after")["items"], timeout=60,
@@ -256,3 +260,32 @@ def test_an_upgrade_from_the_previous_release_loses_nothing_and_changes_nothing_
     text = run([BIN / "ansible-playbook", "-i", inventory, "labhub.cnpa.controller"],
                cwd=collection.consumer, env=collection.env, log="collection-upgrade-again.log")
     assert recap(text, host.inst.name)["changed"] == 0, text[-3000:]
+
+    # What a release applied and a later one no longer has goes: here a label field manager
+    # cnpa-op applied to the ClusterRole (as a release with that label would have), and the next
+    # run, which applies the object without it.
+    role = host.get("clusterrole", "cnpa-op")
+    applied = {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+               "metadata": {"name": "cnpa-op", "labels": {**role["metadata"]["labels"],
+                                                          "example.io/dropped": "yes"}},
+               "rules": role["rules"]}
+    host.sh("kubectl apply --server-side --field-manager=cnpa-op --force-conflicts -f -",
+            input_text=json.dumps(applied))
+    assert host.get("clusterrole", "cnpa-op")["metadata"]["labels"]["example.io/dropped"] == "yes"
+    text = run([BIN / "ansible-playbook", "-i", inventory, "labhub.cnpa.controller"],
+               cwd=collection.consumer, env=collection.env, log="collection-upgrade-dropped.log")
+    assert recap(text, host.inst.name)["failed"] == 0, text[-3000:]
+    after = host.get("clusterrole", "cnpa-op")
+    assert "example.io/dropped" not in after["metadata"]["labels"]
+    assert after["rules"] == role["rules"]
+
+    # The uninstall knows both layouts: the code of each goes, the records of each stay.
+    host.kubectl("delete", "teamspace", "--all", "--wait=true", "--timeout=60s")
+    text = run([BIN / "ansible-playbook", "-i", inventory, "labhub.cnpa.uninstall"],
+               cwd=collection.consumer, env=collection.env, log="collection-upgrade-uninstall.log")
+    assert recap(text, host.inst.name)["failed"] == 0, text[-3000:]
+    left = host.sh("ls -d /root/cnpa-op/* /opt/cnpa-op/* /var/lib/cnpa-op/archive/* 2>/dev/null"
+                   " || true").stdout.split()
+    assert sorted(left) == sorted(["/root/cnpa-op/archive", "/var/lib/cnpa-op/archive/after.json",
+                                   "/var/lib/cnpa-op/archive/gone.json",
+                                   "/var/lib/cnpa-op/archive/kept.json"]), left

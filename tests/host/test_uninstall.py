@@ -21,8 +21,10 @@ from hostlib import ROOT, wait_for
 GROUP = "platform.labhub.io"
 TS = f"teamspaces.{GROUP}"
 FIN = f"{GROUP}/cleanup"
-BASE = "/root/cnpa-op"
-ARCHIVE = f"{BASE}/archive"
+# controller.yml's layout (cnpa_layout=system): code, then records, each in a directory of its own.
+BASE = "/opt/cnpa-op"
+RECORDS = "/var/lib/cnpa-op"
+ARCHIVE = f"{RECORDS}/archive"
 OURS = "app.kubernetes.io/managed-by=cnpa-op"
 CONFIRM = "cnpa_controller_delete_teamspaces=true"
 # Everything an install puts on the host outside the archive (uninstall must remove all of it).
@@ -143,7 +145,7 @@ def installed(host):
             if "example.io/hold" in t["metadata"].get("finalizers", []):
                 host.kubectl("patch", TS, t["metadata"]["name"], "--type=merge",
                              "-p", json.dumps({"metadata": {"finalizers": [FIN]}}))
-    if leftovers(host) or host.sh(f"test -e {BASE}", check=False).returncode == 0:
+    if leftovers(host) or host.sh(f"test -e {BASE} -o -e {RECORDS}", check=False).returncode == 0:
         play(host, "uninstall.yml", "-e", CONFIRM, "-e", "cnpa_reconciler_keep_records=false")
     host.kubectl("delete", "namespace", "team-ib-squat", "--ignore-not-found", "--wait=false")
 
@@ -153,8 +155,8 @@ def test_uninstall_changes_nothing_while_teamspaces_exist_without_confirmation(i
     a, b = teamspace(host, "ib-keep-a"), teamspace(host, "ib-keep-b")
     wait_for(lambda: served(host, "ib-keep-a") and served(host, "ib-keep-b"), timeout=60,
              what="both TeamSpaces served")
-    files = host.sh("find /root/cnpa-op /etc/cnpa-op /etc/systemd/system -name 'cnpa*' -o -path '*cnpa-op*'"
-                    " | sort | xargs stat -c '%n %Y %s'").stdout
+    files = host.sh(f"find {BASE} {RECORDS} /etc/cnpa-op /etc/systemd/system -name 'cnpa*'"
+                    " -o -path '*cnpa-op*' | sort | xargs stat -c '%n %Y %s'").stdout
     # To the microsecond, as the audit log's timestamps: the watch controller serves both
     # TeamSpaces within the second they were created in, and those creates are not the run's.
     since = host.sh("date -u +%Y-%m-%dT%H:%M:%S.%6NZ").stdout.strip()
@@ -171,8 +173,8 @@ def test_uninstall_changes_nothing_while_teamspaces_exist_without_confirmation(i
     assert host.get(TS, "ib-keep-a")["metadata"]["uid"] == a["metadata"]["uid"]
     assert host.get(TS, "ib-keep-b")["metadata"]["uid"] == b["metadata"]["uid"]
     assert host.sh("systemctl is-active cnpa-op").stdout.strip() == "active"
-    assert host.sh("find /root/cnpa-op /etc/cnpa-op /etc/systemd/system -name 'cnpa*' -o -path '*cnpa-op*'"
-                   " | sort | xargs stat -c '%n %Y %s'").stdout == files
+    assert host.sh(f"find {BASE} {RECORDS} /etc/cnpa-op /etc/systemd/system -name 'cnpa*'"
+                   " -o -path '*cnpa-op*' | sort | xargs stat -c '%n %Y %s'").stdout == files
     assert leftovers(host)  # still installed
 
 
@@ -221,17 +223,18 @@ def test_uninstall_archives_releases_and_leaves_nothing(installed):
     assert host.get("configmap", "precious", "-n", "team-ib-squat")["data"] == {"k": "v"}
     assert leftovers(host) == []
     assert events_ours(host) == []
-    assert host.sh(f"ls {BASE}").stdout.split() == ["archive"]
+    assert host.sh(f"test -e {BASE}", check=False).returncode != 0
+    assert host.sh(f"ls {RECORDS}").stdout.split() == ["archive"]
 
-    # Asked to, the archive goes too, and the base directory with it; then a run changes nothing
-    # (and does not make the base directory again).
+    # Asked to, the archive goes too, and its directory with it; then a run changes nothing
+    # (and does not make the directory again).
     drop = ("-e", CONFIRM, "-e", "cnpa_reconciler_keep_records=false")
     run = play(host, "uninstall.yml", *drop)
     assert run.rc == 0 and run.stats.get("changed", 0) > 0, str(run)
-    assert host.sh(f"test -e {BASE}", check=False).returncode != 0
+    assert host.sh(f"test -e {RECORDS}", check=False).returncode != 0
     again = play(host, "uninstall.yml", *drop)
     assert again.rc == 0 and again.stats.get("changed") == 0, str(again)
-    assert leftovers(host) == [] and host.sh(f"test -e {BASE}", check=False).returncode != 0
+    assert leftovers(host) == [] and host.sh(f"test -e {BASE} -o -e {RECORDS}", check=False).returncode != 0
 
 
 def test_uninstall_keeps_the_records_in_the_cluster_unless_asked(installed):
@@ -258,4 +261,4 @@ def test_uninstall_keeps_the_records_in_the_cluster_unless_asked(installed):
 
     run = play(host, "uninstall.yml", "-e", CONFIRM, "-e", "cnpa_reconciler_keep_records=false")
     assert run.rc == 0, str(run)
-    assert leftovers(host) == [] and host.sh(f"test -e {BASE}", check=False).returncode != 0
+    assert leftovers(host) == [] and host.sh(f"test -e {BASE} -o -e {RECORDS}", check=False).returncode != 0

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from cnpa_controller.__main__ import ConfigError, duration, read_config
+from cnpa_controller.controller import default_archive_dir
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -62,7 +63,10 @@ def test_the_role_installs_the_program_s_defaults():
         role.update(yaml.safe_load((ROOT / f).read_text()))
     conf = read_config({})
     s, lease = conf["settings"], conf["lease"]
-    assert role["cnpa_base_dir"] + "/archive" == s.archive_dir
+    assert s.archive_dir == default_archive_dir()
+    # Run by hand from either layout's install, a pass archives where that layout's unit does.
+    for layout in role["cnpa_layouts"].values():
+        assert default_archive_dir(installed_in=layout["base_dir"]) == layout["archive_dir"]
     assert role["cnpa_controller_event_namespace"] == s.event_namespace
     assert role["cnpa_controller_workers"] == s.workers
     assert role["cnpa_controller_resync_seconds"] == s.resync_seconds

@@ -11,7 +11,9 @@ controller's own news (caches synced, leadership, watches re-listed).
 Environment (all optional; a pass, reconcile.sh's, reads the same):
   KUBECONFIG                  kubeconfig (default: ~/.kube/config, else in-cluster config)
   CNPA_BASE_DIR               base directory (default: /root/cnpa-op)
-  CNPA_ARCHIVE_DIR            archive directory (default: $CNPA_BASE_DIR/archive)
+  CNPA_ARCHIVE_DIR            archive directory (default: $CNPA_BASE_DIR/archive; without
+                              CNPA_BASE_DIR, /var/lib/cnpa-op/archive when this package is
+                              installed in /opt/cnpa-op, else /root/cnpa-op/archive)
   CNPA_REQUEST_TIMEOUT        per-request timeout, e.g. 10s, 500ms, 1m (default: 10s)
   CNPA_EVENT_NAMESPACE        namespace of the Events recorded on TeamSpaces (default: default)
 New with this controller:
@@ -66,7 +68,7 @@ import uuid
 
 from . import leader
 from .api import Api, KubeconfigError, TokenFile, connect, token_file_of
-from .controller import ARCHIVE, BASE_DIR, EXIT_CONFIG, Controller, Settings
+from .controller import EXIT_CONFIG, Controller, Settings, default_archive_dir
 
 
 class ConfigError(Exception):
@@ -112,8 +114,7 @@ def namespace_name(env: dict, var: str, default: str) -> str:
 
 def read_config(env: dict) -> dict:
     """Every setting, checked; ConfigError names the first bad variable."""
-    base = env.get("CNPA_BASE_DIR") or BASE_DIR
-    archive = env.get("CNPA_ARCHIVE_DIR") or os.path.join(base, ARCHIVE)
+    archive = env.get("CNPA_ARCHIVE_DIR") or default_archive_dir(env.get("CNPA_BASE_DIR") or "")
     if not os.path.isabs(archive):
         raise ConfigError(f"CNPA_ARCHIVE_DIR={archive!r}: must be an absolute path")
     d = Settings

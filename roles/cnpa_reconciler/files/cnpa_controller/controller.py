@@ -17,6 +17,7 @@ cnpa_last_successful_sync_timestamp_seconds, cnpa_leader).
 
 from __future__ import annotations
 
+import os
 import sys
 import threading
 import time
@@ -38,6 +39,23 @@ EXIT_ARCHIVE = 4
 # The lab's base directory (lab.md: /root/cnpa-op); the archive is ARCHIVE beneath it.
 BASE_DIR = "/root/cnpa-op"
 ARCHIVE = "archive"
+# The role's system layout (cnpa_layout=system, the controller-only install): the code here, the
+# records apart from it, where the FHS keeps a service's state.
+SYSTEM_BASE_DIR = "/opt/cnpa-op"
+SYSTEM_ARCHIVE_DIR = "/var/lib/cnpa-op/archive"
+# The directory this package is installed in (reconcile.sh's, the unit's working directory).
+INSTALLED_IN = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def default_archive_dir(base_dir: str = "", installed_in: str = INSTALLED_IN) -> str:
+    """Where records go unless CNPA_ARCHIVE_DIR says: beneath CNPA_BASE_DIR when that is given;
+    otherwise where the install this package belongs to keeps them, so that a pass run by hand
+    archives where the installed unit does."""
+    if base_dir:
+        return os.path.join(base_dir, ARCHIVE)
+    if installed_in == SYSTEM_BASE_DIR:
+        return SYSTEM_ARCHIVE_DIR
+    return os.path.join(BASE_DIR, ARCHIVE)
 
 
 @dataclass
