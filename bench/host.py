@@ -207,7 +207,9 @@ class BenchHost:
     def unit(self, script: str) -> str:
         """cnpa-op.service as roles/cnpa_controller renders it: by Ansible (bench/render_unit.yml,
         the role's defaults and template), with what the role would learn from this host."""
-        extra = {"cnpa_script": script, "cnpa_controller_mode": "loop",  # watch runs apart
+        # The lab's layout: the benchmark installs the script under /root/cnpa-op.
+        extra = {"cnpa_layout": "lab", "cnpa_script": script,
+                 "cnpa_controller_mode": "loop",  # watch runs apart
                  "cnpa_kubeconfig": HOST_KUBECONFIG, "cnpa_controller_api_local": True,
                  # The admin kubeconfig, not the role's ServiceAccount: the requests of the
                  # controller under test are then the admin user's in the audit log.
