@@ -121,6 +121,8 @@ def test_a_new_teamspace_gets_finalizer_namespace_quota_status_in_order():
                             ("PUT", TS_PATH + "/status")]
     assert not result.failed and result.writes == 4
     assert said[0] == "finalizer added" and said[-1].startswith("status written")
+    # No problem, no request about Events, not even a read.
+    assert not [c for c in api.calls if "/events" in c[1]]
     # The finalizer patch is guarded by the TeamSpace's uid.
     assert api.calls[0][2] == "application/json-patch+json"
     assert api.calls[0][3][0] == {"op": "test", "path": "/metadata/uid", "value": "u-1"}
