@@ -23,6 +23,8 @@ from ctllib import (
 from fixtures import teamspace
 from hostlib import wait_for
 
+from cnpa_controller.executor import EVENT_BURST, EVENT_REFILL_SECONDS
+
 
 def test_a_new_teamspace_gets_namespace_quota_finalizer_and_ready(host, controller):
     host.apply(teamspace("ctl-new", pods=3, cpu="500m"))
@@ -99,6 +101,38 @@ def test_a_namespace_not_ours_is_reported_never_adopted(host, controller):
     t = wait_ready(host, "ctl-foreign", timeout=120)
     ns = host.get("namespace", "team-ctl-foreign")
     assert ns["metadata"]["ownerReferences"][0]["uid"] == t["metadata"]["uid"]
+
+
+def test_a_lasting_problem_counts_on_one_event_with_bounded_writes(host, controller):
+    """The controller retries a TeamSpace whose namespace is somebody else's (a retry cap of 2 s
+    here): each retry sees the problem again. Its one Event counts the sightings it writes, its
+    lastTimestamp moves, and the writes stop at the burst while the sightings go on."""
+    began = time.monotonic()
+    host.kubectl("create", "namespace", "team-ctl-lasting")
+    host.kubectl("label", "namespace", "team-ctl-lasting", "owner=somebody-else")
+    host.apply(teamspace("ctl-lasting", pods=2))
+    said = "TeamSpace ctl-lasting: namespace team-ctl-lasting already exists"
+
+    def counted(at_least: int):
+        found = events(host, "ctl-lasting", "NamespaceNotOurs")
+        return found if found and found[0].get("count", 1) >= at_least else None
+
+    [first] = wait_for(lambda: counted(2), timeout=60, what="the Event counted twice")
+    # Sightings beyond what the burst lets through: the writes must have stopped meanwhile.
+    wait_for(lambda: controller.err().count(said) >= EVENT_BURST + 5, timeout=180,
+             what="the controller seeing the problem again and again")
+    seen = controller.err().count(said)
+    [last] = events(host, "ctl-lasting", "NamespaceNotOurs")
+    bound = EVENT_BURST + int((time.monotonic() - began) / EVENT_REFILL_SECONDS) + 1
+    assert first["count"] < last["count"] <= bound < seen, (first["count"], last["count"], seen)
+    assert last["metadata"]["name"] == first["metadata"]["name"]
+    assert last["firstTimestamp"] == first["firstTimestamp"]
+    assert last["lastTimestamp"] > last["firstTimestamp"]
+    assert "event Warning NamespaceNotOurs recorded (seen" in controller.out()
+    host.kubectl("delete", "teamspace", "ctl-lasting", "--wait=false")
+    host.kubectl("delete", "namespace", "team-ctl-lasting", "--wait=false")
+    wait_for(lambda: get_or_none(host, "teamspace", "ctl-lasting") is None, timeout=60,
+             what="TeamSpace ctl-lasting gone")
 
 
 def test_a_change_made_while_the_watches_were_broken_is_reconciled(host, controller):

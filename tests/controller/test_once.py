@@ -6,10 +6,13 @@ statuses."""
 from __future__ import annotations
 
 import re
+import time
 
 import pytest
-from ctllib import FINALIZER, ControllerProcess, get_or_none, quota_hard, ready
+from ctllib import FINALIZER, ControllerProcess, events, get_or_none, quota_hard, ready
 from fixtures import teamspace
+
+from cnpa_controller.executor import EVENT_BURST, EVENT_REFILL_SECONDS
 
 
 @pytest.fixture(params=["--once", "reconcile.sh"])
@@ -87,3 +90,40 @@ def test_an_unreadable_api_server_is_status_2_and_a_bad_argument_3(host, tmp_pat
     assert down.returncode == 2, down.stderr
     assert "nothing written" in down.stderr
     assert one_pass(c, "--twice").returncode == 3
+
+
+def test_a_lasting_problem_counts_on_one_event_pass_after_pass(host, tmp_path):
+    """Each pass is a new process that knows nothing of the last one: it reads the Event and
+    counts on it, up to the burst; the passes after that write nothing for it (they only read
+    it), and there is still one Event."""
+    c = ControllerProcess(host, tmp_path / "lasting")
+    empty_cluster(host, c)
+    host.kubectl("create", "namespace", "team-once-lasting")
+    host.kubectl("label", "namespace", "team-once-lasting", "owner=somebody-else")
+    host.apply(teamspace("once-lasting", pods=2))
+    began = time.monotonic()
+    first = c.once()
+    assert first.returncode == 1 and "not managed by cnpa-op" in first.stderr, first.stderr
+    [created] = events(host, "once-lasting", "NamespaceNotOurs")
+    assert created["count"] == 1
+    # The next second: lastTimestamp has whole seconds.
+    time.sleep(1.1)
+    passes = EVENT_BURST + 3
+    recorded = 0
+    for _ in range(passes - 1):
+        out = c.once()
+        assert out.returncode == 1, out.stderr
+        recorded += "event Warning NamespaceNotOurs recorded (seen" in out.stdout
+    [last] = events(host, "once-lasting", "NamespaceNotOurs")
+    bound = EVENT_BURST + int((time.monotonic() - began) / EVENT_REFILL_SECONDS) + 1
+    assert created["count"] < last["count"] <= bound < passes, (last["count"], passes)
+    assert last["count"] == recorded + 1  # every write said so; the held-back passes did not
+    assert last["metadata"]["name"] == created["metadata"]["name"]
+    assert last["firstTimestamp"] == created["firstTimestamp"] < last["lastTimestamp"]
+    host.kubectl("delete", "namespace", "team-once-lasting", "--wait=false")
+    host.kubectl("delete", "teamspace", "once-lasting", "--wait=false")
+    for _ in range(5):
+        if get_or_none(host, "teamspace", "once-lasting") is None:
+            break
+        c.once()
+    assert get_or_none(host, "teamspace", "once-lasting") is None

@@ -46,12 +46,15 @@ def test_identity_holds_only_what_the_code_calls(lab):
                ("create", "resourcequotas", "-n", "team-alpha"),
                ("update", "resourcequotas", "-n", "team-alpha"),
                ("patch", "resourcequotas", "-n", "team-alpha"),
-               ("list", "events", "-n", "default"), ("create", "events", "-n", "default")]
+               ("create", "events", "-n", "default"), ("get", "events", "-n", "default"),
+               ("patch", "events", "-n", "default")]
     denied = [("get", "secrets", "-A"), ("list", "secrets", "-n", "cnpa-system"),
               ("get", "namespaces"), ("update", "namespaces"), ("delete", "namespaces"),
               ("delete", TS), ("create", TS), ("update", TS), ("get", TS), ("patch", TS, status),
               ("get", "resourcequotas", "-n", "team-alpha"),
               ("delete", "resourcequotas", "-n", "team-alpha"), ("create", "events", "-n", "kube-system"),
+              ("patch", "events", "-n", "kube-system"), ("list", "events", "-n", "default"),
+              ("delete", "events", "-n", "default"),
               ("create", "pods", "-n", "team-alpha"), ("get", "configmaps", "-n", "kube-system"),
               ("create", "serviceaccounts/token", "-n", "cnpa-system"),
               ("create", "clusterrolebindings"), ("impersonate", "users"), ("*", "*")]

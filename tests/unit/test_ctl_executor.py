@@ -8,12 +8,22 @@ from __future__ import annotations
 import fnmatch
 import json
 import os
+import time
 
 import fixtures
 import pytest
 
 from cnpa_controller import ApiError, plan
-from cnpa_controller.executor import Executor, archive_configmap, event_name, request_of
+from cnpa_controller.executor import (
+    EVENT_BURST,
+    EVENT_REFILL_SECONDS,
+    Executor,
+    SpamFilter,
+    archive_configmap,
+    event_name,
+    event_write,
+    request_of,
+)
 
 NOW = "2026-01-01T00:00:00Z"
 FIN = plan.FINALIZER
@@ -34,7 +44,9 @@ def teamspace(name="a", uid="u-1", pods=3, finalizers=None, deleting=False, stat
 
 class FakeApi:
     """Answers every write with the object it was sent (kind, a new resourceVersion and uid);
-    `fail` maps (method, path) to the ApiError to raise instead."""
+    `fail` maps (method, path) to the ApiError to raise instead. Events are kept as the API
+    server keeps them (create, get, merge patch with a resourceVersion precondition), since how
+    an Event is written depends on the one there."""
 
     def __init__(self, fail=None, on_request=None, answers=None):
         self.calls = []
@@ -42,6 +54,26 @@ class FakeApi:
         self.on_request = on_request
         self.answers = answers or {}  # (method, path) -> the object to answer with
         self.rv = 100
+        self.events = {}  # path -> Event
+
+    def _event(self, method, path, body):
+        if method == "POST":
+            path = f"{path}/{body['metadata']['name']}"
+            if path in self.events:
+                raise ApiError(409, "AlreadyExists", "events exists")
+            self.events[path] = json.loads(json.dumps(body))
+        elif path not in self.events:
+            raise ApiError(404, "NotFound", "events not found")
+        elif method == "PATCH":
+            have = self.events[path]
+            want = (body.get("metadata") or {}).get("resourceVersion")
+            if want and want != have["metadata"]["resourceVersion"]:
+                raise ApiError(409, "Conflict", "the object has been modified")
+            have.update({k: v for k, v in body.items() if k != "metadata"})
+        if method != "GET":
+            self.rv += 1
+            self.events[path]["metadata"]["resourceVersion"] = str(self.rv)
+        return json.loads(json.dumps(self.events[path]))
 
     def request(self, method, path, *, body=None, content_type=None, **kw):
         self.calls.append((method, path, content_type, body))
@@ -52,6 +84,8 @@ class FakeApi:
             raise err
         if (method, path) in self.answers:
             return json.loads(json.dumps(self.answers[(method, path)]))
+        if "/events" in path:
+            return self._event(method, path, body)
         self.rv += 1
         if method == "PATCH":
             kind = "ResourceQuota" if "resourcequotas" in path else "TeamSpace"
@@ -62,7 +96,10 @@ class FakeApi:
         return obj
 
     def writes(self):
-        return [(m, p) for m, p, _, _ in self.calls if not p.endswith("/events")]
+        return [(m, p) for m, p, _, _ in self.calls if "/events" not in p]
+
+    def event_writes(self):
+        return [(m, b) for m, p, _, b in self.calls if "/events" in p and m != "GET"]
 
 
 def run(api, t, ns=None, quota=None, tmp_path=None, **kw):
@@ -84,6 +121,8 @@ def test_a_new_teamspace_gets_finalizer_namespace_quota_status_in_order():
                             ("PUT", TS_PATH + "/status")]
     assert not result.failed and result.writes == 4
     assert said[0] == "finalizer added" and said[-1].startswith("status written")
+    # No problem, no request about Events, not even a read.
+    assert not [c for c in api.calls if "/events" in c[1]]
     # The finalizer patch is guarded by the TeamSpace's uid.
     assert api.calls[0][2] == "application/json-patch+json"
     assert api.calls[0][3][0] == {"op": "test", "path": "/metadata/uid", "value": "u-1"}
@@ -237,14 +276,158 @@ def test_leadership_lost_mid_pass_stops_the_writes():
     assert api.writes() == [("PATCH", TS_PATH)]
 
 
-def test_a_problem_is_logged_and_recorded_once():
+def test_a_problem_seen_again_is_counted_on_its_one_event():
     t = teamspace(finalizers=[FIN], pods="x")
     api = FakeApi()
     ex = Executor(api, archive_dir="/nonexistent")
-    for _ in range(3):
-        result = ex.execute(t, plan.plan(t, None, None, NOW), NOW)
+    for i in range(3):
+        now = f"2026-01-01T00:00:0{i}Z"
+        result = ex.execute(t, plan.plan(t, None, None, now), now)
         assert result.problems
-    assert len([c for c in api.calls if c[1].endswith("/events")]) == 1
+    [ev] = api.events.values()
+    assert (ev["count"], ev["firstTimestamp"], ev["lastTimestamp"]) == \
+        (3, "2026-01-01T00:00:00Z", "2026-01-01T00:00:02Z")
+    assert [m for m, _ in api.event_writes()] == ["POST", "PATCH", "PATCH"]
+    # Client-go's recorder patches too: a merge patch of what changed, guarded here by the
+    # version it read, so that a count raised by another writer is never lowered.
+    patch = [c for c in api.calls if c[0] == "PATCH" and "/events/" in c[1]][-1]
+    assert patch[2] == "application/merge-patch+json"
+    assert {k: v for k, v in patch[3].items() if k != "metadata"} == \
+        {"count": 3, "lastTimestamp": "2026-01-01T00:00:02Z"}
+    assert set(patch[3]["metadata"]) == {"resourceVersion"}
+    # The controller remembers what it wrote: it read the Event once, before creating it.
+    assert [c[0] for c in api.calls if "/events/" in c[1]].count("GET") == 1
+    assert ex.event_writes == 3
+
+
+def test_a_pass_without_memory_reads_the_event_and_counts_on():
+    """Each pass is a new process: the Event read from the server is what it knows."""
+    t = teamspace(finalizers=[FIN], pods="x")
+    api = FakeApi()
+    for i in range(3):
+        now = f"2026-01-01T00:00:0{i}Z"
+        Executor(api, archive_dir="/nonexistent").execute(t, plan.plan(t, None, None, now), now)
+    [ev] = api.events.values()
+    assert ev["count"] == 3 and ev["lastTimestamp"] == "2026-01-01T00:00:02Z"
+    assert [m for m, _ in api.event_writes()] == ["POST", "PATCH", "PATCH"]
+
+
+def test_a_lasting_problem_makes_bounded_writes():
+    """Seen on every pass of a day: EVENT_BURST writes, then one per EVENT_REFILL_SECONDS."""
+    api = FakeApi()
+    start = 1_767_225_600  # 2026-01-01T00:00:00Z
+    seconds = 86_400
+    problem = plan.Event("Warning", "InvalidPods", "spec.pods x")
+    for at in range(start, start + seconds, 3):
+        now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(at))
+        Executor(api, archive_dir="/nonexistent").event("a", "u-1", problem, now)
+    [ev] = api.events.values()
+    writes = len(api.event_writes())
+    assert writes == ev["count"]
+    assert writes <= EVENT_BURST + seconds / EVENT_REFILL_SECONDS + 1
+    assert writes >= seconds / EVENT_REFILL_SECONDS  # still counting while it lasts
+
+
+def test_an_event_deleted_meanwhile_is_made_again():
+    t = teamspace(name="Bad_Name")
+    api = FakeApi()
+    ex = Executor(api, archive_dir="/nonexistent")
+    ex.execute(t, plan.plan(t, None, None, NOW), NOW)
+    api.events.clear()  # its TTL, or kubectl delete
+    ex.execute(t, plan.plan(t, None, None, NOW), NOW)
+    assert [m for m, _ in api.event_writes()] == ["POST", "PATCH", "POST"]
+    [ev] = api.events.values()
+    assert ev["count"] == 1
+
+
+def test_an_event_another_writer_counted_is_read_again_not_lowered():
+    t = teamspace(name="Bad_Name")
+    api = FakeApi()
+    ex = Executor(api, archive_dir="/nonexistent")
+    ex.execute(t, plan.plan(t, None, None, NOW), NOW)
+    [ev] = api.events.values()
+    ev.update(count=7)  # another controller host, leading for a while
+    ev["metadata"]["resourceVersion"] = "500"
+    ex.execute(t, plan.plan(t, None, None, NOW), NOW)
+    assert ev["count"] == 8
+    assert [m for m, _ in api.event_writes()] == ["POST", "PATCH", "PATCH"]
+
+
+def test_an_event_that_cannot_be_read_is_logged_and_not_fatal():
+    class Forbidden(FakeApi):
+        def request(self, method, path, **kw):
+            if method == "GET" and "/events/" in path:
+                raise ApiError(403, "Forbidden", "events is forbidden")
+            return super().request(method, path, **kw)
+
+    api = Forbidden()
+    result, _, logged = run(api, teamspace(name="Bad_Name"))
+    assert result.problems and not result.failed and not api.events
+    assert any("could not read the Event InvalidName" in line for line in logged)
+
+
+def test_what_to_send_given_the_previous_event_and_now():
+    new = {"metadata": {"name": "a.cnpa.0"}, "count": 1}
+    assert event_write(None, new, NOW) == ("POST", new)
+
+    def seen(count, last, rv="9"):
+        return {"count": count, "firstTimestamp": "2026-01-01T00:00:00Z", "lastTimestamp": last,
+                "metadata": {"resourceVersion": rv}}
+
+    # Within the burst every sighting is written, however soon.
+    assert event_write(seen(1, NOW), new, NOW) == \
+        ("PATCH", {"count": 2, "lastTimestamp": NOW, "metadata": {"resourceVersion": "9"}})
+    assert event_write(seen(EVENT_BURST - 1, NOW), new, NOW)[1]["count"] == EVENT_BURST
+    # Past it, once per refill period.
+    assert event_write(seen(EVENT_BURST, NOW), new, "2026-01-01T00:04:59Z") is None
+    assert event_write(seen(EVENT_BURST, NOW), new, "2026-01-01T00:05:00Z") == \
+        ("PATCH", {"count": EVENT_BURST + 1, "lastTimestamp": "2026-01-01T00:05:00Z",
+                   "metadata": {"resourceVersion": "9"}})
+    # A time far ahead of ours (a host with a wrong clock wrote it) does not hold it for good;
+    # one slightly ahead does.
+    assert event_write(seen(EVENT_BURST, "2026-01-01T06:00:00Z"), new, NOW) is not None
+    assert event_write(seen(EVENT_BURST, "2026-01-01T00:00:30Z"), new, NOW) is None
+    # Fractions of a second, or what is not a time at all.
+    assert event_write(seen(EVENT_BURST, "2026-01-01T00:00:00.123456Z"), new,
+                       "2026-01-01T00:05:00Z") is not None
+    assert event_write(seen(EVENT_BURST, "junk"), new, NOW) is not None
+    # An Event without count (another client's) counts as one; without a version, unguarded.
+    assert event_write({"lastTimestamp": NOW}, new, NOW) == \
+        ("PATCH", {"count": 2, "lastTimestamp": NOW})
+
+
+def test_the_spam_filter_is_a_token_bucket_per_teamspace():
+    clock = [0.0]
+    spam = SpamFilter(burst=3, refill_seconds=10.0, size=2, clock=lambda: clock[0])
+    assert [spam.allow("u-1") for _ in range(4)] == [True, True, True, False]
+    assert spam.allow("u-2")  # its own bucket
+    clock[0] = 10.0
+    assert [spam.allow("u-1") for _ in range(2)] == [True, False]
+    clock[0] = 1000.0  # refilled up to the burst, not beyond
+    assert [spam.allow("u-1") for _ in range(4)] == [True, True, True, False]
+    # Bounded: the least recently used bucket goes (and comes back full).
+    spam.allow("u-3")
+    assert len(spam._buckets) == 2 and "u-2" not in spam._buckets
+
+
+def test_many_problems_of_one_teamspace_are_bounded_by_its_bucket():
+    """An object whose problem keeps changing (each message its own Event) cannot flood etcd."""
+    api = FakeApi()
+    ex = Executor(api, archive_dir="/nonexistent")
+    for i in range(EVENT_BURST + 10):
+        ex.event("a", "u-1", plan.Event("Warning", "Flapping", f"message {i}"), NOW)
+    assert len(api.event_writes()) == EVENT_BURST
+    ex.event("b", "u-2", plan.Event("Warning", "Flapping", "another object"), NOW)
+    assert len(api.event_writes()) == EVENT_BURST + 1
+
+
+def test_the_memory_of_events_is_bounded(monkeypatch):
+    monkeypatch.setattr("cnpa_controller.executor.RECORDED_EVENTS_MAX", 3)
+    api = FakeApi()
+    ex = Executor(api, archive_dir="/nonexistent")
+    for i in range(5):
+        ex.event(f"t{i}", f"u-{i}", plan.Event("Warning", "Bad", "x"), NOW)
+    assert len(ex._recorded) == 3 and len(api.events) == 5
 
 
 def test_event_names_stay_what_earlier_versions_named_them():
@@ -340,18 +523,6 @@ def test_a_teamspace_gone_when_written_is_no_failure_and_no_event(tmp_path):
     result, _, _ = run(api, teamspace(finalizers=[FIN], deleting=True), tmp_path=tmp_path)
     assert result.gone and not result.failed
     assert not [c for c in api.calls if c[1].endswith("/events")]
-
-
-def test_a_lasting_problem_gets_its_event_again_once_the_server_may_have_dropped_it(monkeypatch):
-    t = teamspace(name="Bad_Name")
-    api = FakeApi()
-    ex = Executor(api, archive_dir="/nonexistent")
-    for _ in range(2):
-        ex.execute(t, plan.plan(t, None, None, NOW), NOW)
-    assert len([c for c in api.calls if c[1].endswith("/events")]) == 1
-    monkeypatch.setattr("cnpa_controller.executor.EVENT_RESEND", 0.0)
-    ex.execute(t, plan.plan(t, None, None, NOW), NOW)
-    assert len([c for c in api.calls if c[1].endswith("/events")]) == 2
 
 
 def test_a_full_disk_never_costs_the_earlier_record(small_disk):

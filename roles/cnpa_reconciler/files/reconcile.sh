@@ -16,8 +16,8 @@
 #
 # stdout: one line per write that went through ("teamspace NAME: WHAT"); a converged pass prints
 # nothing. stderr (the journal): problems, "cnpa-op: TeamSpace NAME: MESSAGE". Problems are also
-# recorded as a Kubernetes Event on the TeamSpace (once per distinct problem) and as its Ready
-# condition.
+# recorded as a Kubernetes Event on the TeamSpace (one per distinct problem, counted while it
+# lasts, rate-limited) and as its Ready condition.
 #
 # Usage: reconcile.sh          one pass
 #        reconcile.sh --plan   print the plan (JSON lines) and write nothing

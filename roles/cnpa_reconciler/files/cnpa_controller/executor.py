@@ -21,11 +21,14 @@ construction:
   Warning Event and, unless it was the status write itself, Ready False (plan.failed_status);
 - Events are named from (uid, reason, message), as earlier versions named them, so a problem is one
   Event however often it is seen; the Events of the plan's writes (QuotaReverted) go out once the
-  write went through.
+  write went through. A problem seen again counts on its Event (count, lastTimestamp: a merge
+  patch), rate-limited as client-go's recorder limits it (tools/record/events_cache.go), see
+  event_write and SpamFilter.
 """
 
 from __future__ import annotations
 
+import calendar
 import errno
 import fnmatch
 import hashlib
@@ -35,6 +38,7 @@ import random
 import string
 import threading
 import time
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -46,12 +50,14 @@ ARCHIVE_FAILED = plan.ARCHIVE_FAILED
 CONFLICT = "Conflict"
 MANAGED_BY = ("app.kubernetes.io/managed-by", "cnpa-op")
 JSON_PATCH, MERGE_PATCH = "application/json-patch+json", "application/merge-patch+json"
-# Events already recorded by this process (name -> when): not sent again for EVENT_RESEND
-# seconds. The API server deletes Events after its TTL (1 h by default), and a problem that lasts
-# must keep its Event as passes keep it; a resend of one still there is answered
-# AlreadyExists. Bounded: when full it is emptied.
+# client-go's recorder defaults: an Event may be written EVENT_BURST times in a row, then once per
+# EVENT_REFILL_SECONDS, so that a problem that lasts (or an object that flaps) cannot flood etcd;
+# each write also renews the Event's TTL on the API server, so a lasting problem keeps its Event.
+EVENT_BURST = 25
+EVENT_REFILL_SECONDS = 300.0
+# Bound of each of the executor's Event memories (the Events it wrote, the spam filter's buckets):
+# least recently used first out.
 RECORDED_EVENTS_MAX = 10000
-EVENT_RESEND = 1800.0
 
 
 class NotLeader(Exception):
@@ -89,6 +95,69 @@ def event_object(teamspace: str, uid: str, type_: str, reason: str, message: str
                                "uid": uid},
             "type": type_, "reason": reason, "message": message[:1024], "count": 1,
             "firstTimestamp": now, "lastTimestamp": now, "source": {"component": "cnpa-op"}}
+
+
+def _seconds(timestamp: object) -> float | None:
+    """Unix time of an RFC 3339 timestamp as the API server writes an Event's (UTC, whole
+    seconds; a fraction is ignored); None if it is not one."""
+    try:
+        return float(calendar.timegm(time.strptime(str(timestamp)[:19], "%Y-%m-%dT%H:%M:%S")))
+    except ValueError:
+        return None
+
+
+def event_write(previous: dict | None, new: dict, now: str) -> tuple[str, dict] | None:
+    """What to send for a problem seen at `now`, given its Event as the server last answered
+    (None: there is none): ("POST", the new Event), ("PATCH", a merge patch counting it once
+    more), or None: nothing, the Event was written too often lately.
+
+    Decided from the Event alone, so that a pass (which keeps nothing from one pass to the next)
+    decides as the long-running controller does: the first EVENT_BURST writes go through, after
+    that one per EVENT_REFILL_SECONDS (client-go's spam filter for a problem that lasts). The
+    patch carries the resourceVersion read: a count another writer raised meanwhile is read
+    again (409), never lowered."""
+    if previous is None:
+        return "POST", new
+    count = previous.get("count") or 1
+    last = _seconds(previous.get("lastTimestamp") or previous.get("firstTimestamp"))
+    at = _seconds(now)
+    # A time that cannot be read, or far ahead of ours (a host whose clock was wrong), must not
+    # hold the Event back for good.
+    due = (count < EVENT_BURST or last is None or at is None
+           or not -EVENT_REFILL_SECONDS < at - last < EVENT_REFILL_SECONDS)
+    if not due:
+        return None
+    patch: dict = {"count": count + 1, "lastTimestamp": now}
+    version = (previous.get("metadata") or {}).get("resourceVersion")
+    if version:
+        patch["metadata"] = {"resourceVersion": version}
+    return "PATCH", patch
+
+
+class SpamFilter:
+    """client-go's EventSourceObjectSpamFilter: a token bucket per TeamSpace (its uid; the source
+    is always this controller) that every Event write about it takes a token from, so that an
+    object whose problem keeps changing (a new message is a new Event, which event_write cannot
+    hold back) is bounded too. In memory only: it spans the long-running controller's life, and
+    one pass."""
+
+    def __init__(self, burst: int = EVENT_BURST, refill_seconds: float = EVENT_REFILL_SECONDS,
+                 size: int = RECORDED_EVENTS_MAX, clock: Callable[[], float] = time.monotonic
+                 ) -> None:
+        self.burst, self.refill_seconds, self.size, self._clock = burst, refill_seconds, size, clock
+        self._buckets: OrderedDict[str, tuple[float, float]] = OrderedDict()  # key -> (tokens, when)
+        self._lock = threading.Lock()
+
+    def allow(self, key: str) -> bool:
+        with self._lock:
+            now = self._clock()
+            tokens, then = self._buckets.pop(key, (float(self.burst), now))
+            tokens = min(float(self.burst), tokens + (now - then) / self.refill_seconds)
+            allowed = tokens >= 1.0
+            self._buckets[key] = (tokens - 1.0 if allowed else tokens, now)
+            if len(self._buckets) > self.size:
+                self._buckets.popitem(last=False)
+            return allowed
 
 
 ARCHIVE_LABEL = "platform.labhub.io/archived-teamspace"
@@ -227,7 +296,12 @@ class Executor:
         self.say = say
         self.log = log
         self.count = count
-        self._recorded: dict[str, float] = {}
+        # Event name -> the Event as the server last answered (what event_write needs of it):
+        # the long-running controller reads an Event only when it does not know it yet.
+        self._recorded: OrderedDict[str, dict] = OrderedDict()
+        self._recorded_lock = threading.Lock()
+        self.spam = SpamFilter()
+        self.event_writes = 0  # Event creates and patches sent and answered
         self._swept = ""  # the archive directory whose leftovers are gone
         self._sweep_lock = threading.Lock()
 
@@ -507,24 +581,83 @@ class Executor:
 
     # -- Events ------------------------------------------------------------------------------
     def event(self, name: str, uid: str, event: plan.Event, now: str) -> None:
-        """Record a problem as an Event on the TeamSpace, once per distinct problem. Best effort:
-        a failure is logged, never fatal."""
+        """Record a problem as an Event on the TeamSpace: one per distinct problem, counted each
+        time it is seen again (event_write, SpamFilter say when not). Best effort: a failure is
+        logged, never fatal."""
         if not uid:
             return
         type_, reason = event.type, event.reason
         obj = event_object(name, uid, type_, reason, event.message, self.event_namespace, now)
         ev = obj["metadata"]["name"]
-        if time.monotonic() - self._recorded.get(ev, -EVENT_RESEND) < EVENT_RESEND:
-            return
-        self._check_leader()
-        try:
-            self.api.request("POST", path_of(obj, collection=True), body=obj)
-        except ApiError as exc:
-            if exc.reason != "AlreadyExists":
+        spent = False
+        # Twice at most: a second time only after somebody else wrote or deleted it meanwhile.
+        for _attempt in (1, 2):
+            try:
+                previous = self._known(ev)
+                if previous is None:
+                    previous = self._read_event(obj)
+            except ApiError as exc:
+                self.log(f"TeamSpace {name}: could not read the Event {reason}: {exc}")
+                return
+            send = event_write(previous, obj, now)
+            if send is None:
+                return
+            if not spent:
+                if not self.spam.allow(uid):
+                    return
+                spent = True
+            method, body = send
+            self._check_leader()
+            try:
+                if method == "PATCH":
+                    try:
+                        answer = self.api.request("PATCH", path_of(obj), body=body,
+                                                  content_type=MERGE_PATCH)
+                    except ApiError as exc:
+                        if exc.status != 404:
+                            raise
+                        # Deleted meanwhile (its TTL, or by hand): made again, as client-go does.
+                        method, body = "POST", obj
+                if method == "POST":
+                    answer = self.api.request("POST", path_of(obj, collection=True), body=obj)
+            except ApiError as exc:
+                self._forget(ev)
+                if exc.status == 409:
+                    continue  # AlreadyExists, or a patch of an older version: read it again
                 self.log(f"TeamSpace {name}: could not record the Event {reason}: {exc}")
                 return
-        else:
-            self.say(name, f"event {type_} {reason} recorded")
-        if len(self._recorded) >= RECORDED_EVENTS_MAX:
-            self._recorded.clear()
-        self._recorded[ev] = time.monotonic()
+            self._remember(ev, answer)
+            count = answer.get("count") or 1
+            self.say(name, f"event {type_} {reason} recorded"
+                     + (f" (seen {count} times)" if count > 1 else ""))
+            return
+
+    def _read_event(self, obj: dict) -> dict | None:
+        try:
+            return self.api.request("GET", path_of(obj))
+        except ApiError as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    def _known(self, ev: str) -> dict | None:
+        with self._recorded_lock:
+            known = self._recorded.get(ev)
+            if known is not None:
+                self._recorded.move_to_end(ev)
+            return known
+
+    def _remember(self, ev: str, answer: dict) -> None:
+        """An Event write went through: what the server answered is what the next one builds on."""
+        kept = {k: answer.get(k) for k in ("count", "firstTimestamp", "lastTimestamp")}
+        kept["metadata"] = {"resourceVersion": (answer.get("metadata") or {}).get("resourceVersion")}
+        with self._recorded_lock:
+            self.event_writes += 1
+            self._recorded[ev] = kept
+            self._recorded.move_to_end(ev)
+            if len(self._recorded) > RECORDED_EVENTS_MAX:
+                self._recorded.popitem(last=False)
+
+    def _forget(self, ev: str) -> None:
+        with self._recorded_lock:
+            self._recorded.pop(ev, None)
