@@ -210,3 +210,12 @@ def test_a_401_makes_the_next_request_read_the_token_file_again(tmp_path):
     with pytest.raises(ApiError):  # within the hour, but after a 401: read again
         api.request("GET", "/api")
     assert hook.reads == 2
+
+
+def test_the_version_is_the_collection_s():
+    import yaml
+
+    import cnpa_controller
+
+    galaxy = yaml.safe_load((ROOT / "galaxy.yml").read_text())
+    assert cnpa_controller.__version__ == galaxy["version"]
