@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -111,13 +112,14 @@ def test_with_leader_election_writes_time_out_before_another_host_could_take_ove
 def test_the_electors_news_reaches_the_journal():
     """Who leads and every transition must be in the journal: the elector says it with `logging`
     at INFO, which Python drops unless the process configures a handler."""
-    code = ("import logging; from cnpa_controller.__main__ import log_to_stderr; log_to_stderr();"
+    code = ("import logging; from cnpa_controller import logs; logs.setup();"
             " log = logging.getLogger('cnpa_controller.leader');"
             " log.info('host-a: became leader on lease cnpa-system/cnpa-op');"
             " log.debug('not this')")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
                           cwd=ROOT, check=True)
-    assert proc.stderr == "cnpa-op: host-a: became leader on lease cnpa-system/cnpa-op\n"
+    assert re.fullmatch(r"\S+Z INFO cnpa-op: host-a: became leader on lease cnpa-system/cnpa-op\n",
+                        proc.stderr), proc.stderr
 
 
 def _kubeconfig(tmp_path: Path, token_file: str) -> Path:

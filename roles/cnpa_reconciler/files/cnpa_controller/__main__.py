@@ -63,12 +63,13 @@ import signal
 import socket
 import sys
 import threading
-import traceback
 import uuid
 
-from . import leader
+from . import leader, logs
 from .api import Api, KubeconfigError, TokenFile, connect, token_file_of
 from .controller import EXIT_CONFIG, Controller, Settings, default_archive_dir
+
+log = logging.getLogger("cnpa_controller")
 
 
 class ConfigError(Exception):
@@ -204,15 +205,14 @@ def api_client(kubeconfig: str, pool_size: int):
     return client.ApiClient(cfg)
 
 
-def log_to_stderr() -> None:
-    """The elector says who leads through `logging`; unconfigured, Python would drop its INFO
-    lines (leader and transitions belong in the journal) and print its warnings without a prefix."""
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter("cnpa-op: %(message)s"))
-    root = logging.getLogger("cnpa_controller")
-    if not root.handlers:  # main() may run more than once in one interpreter (tests)
-        root.addHandler(handler)
-    root.setLevel(logging.INFO)
+def log_options(env: dict) -> tuple[str, str]:
+    fmt = env.get("CNPA_LOG_FORMAT") or "text"
+    if fmt not in logs.FORMATS:
+        raise ConfigError(f"CNPA_LOG_FORMAT={fmt!r}: must be one of {', '.join(logs.FORMATS)}")
+    level = (env.get("CNPA_LOG_LEVEL") or "info").lower()
+    if level not in logs.LEVELS:
+        raise ConfigError(f"CNPA_LOG_LEVEL={level!r}: must be one of {', '.join(logs.LEVELS)}")
+    return fmt, level
 
 
 USAGE = "usage: python3 -m cnpa_controller [--once | --plan]"
@@ -220,9 +220,14 @@ USAGE = "usage: python3 -m cnpa_controller [--once | --plan]"
 
 def main(env: dict | None = None, argv: list | tuple = ()) -> int:
     env = dict(os.environ if env is None else env)
-    log_to_stderr()
+    try:
+        logs.setup(*log_options(env))
+    except ConfigError as exc:
+        logs.setup()
+        log.error("%s", exc)
+        return EXIT_CONFIG
     if len(argv) > 1 or (argv and argv[0] not in ("--once", "--plan")):
-        print(f"cnpa-op: {USAGE}", file=sys.stderr)
+        log.error("%s", USAGE)
         return EXIT_CONFIG
     try:
         conf = read_config(env)
@@ -237,7 +242,7 @@ def main(env: dict | None = None, argv: list | tuple = ()) -> int:
             client = api_client(conf["kubeconfig"], settings.workers + 8)
             client.user_agent = user_agent
     except (ConfigError, KubeconfigError) as exc:
-        print(f"cnpa-op: {exc}", file=sys.stderr)
+        log.error("%s", exc)
         return EXIT_CONFIG
     if argv:
         return one_pass(api, settings, plan_only=argv[0] == "--plan")
@@ -250,7 +255,7 @@ def main(env: dict | None = None, argv: list | tuple = ()) -> int:
         try:
             metrics.serve(*conf["metrics_address"])
         except OSError as exc:
-            print(f"cnpa-op: CNPA_METRICS_ADDRESS: cannot serve there: {exc}", file=sys.stderr)
+            log.error("CNPA_METRICS_ADDRESS: cannot serve there: %s", exc)
             return EXIT_CONFIG
 
     make_elector = None
@@ -296,9 +301,6 @@ def one_pass(api, settings: Settings, *, plan_only: bool) -> int:
     def say(name: str, what: str) -> None:
         print(f"teamspace {name}: {what}", flush=True)
 
-    def log(msg: str) -> None:
-        print(f"cnpa-op: {msg}", file=sys.stderr, flush=True)
-
     def plan_line(line: str) -> None:
         print(line)
 
@@ -307,10 +309,10 @@ def one_pass(api, settings: Settings, *, plan_only: bool) -> int:
                         event_namespace=settings.event_namespace,
                         archive_namespace=settings.archive_namespace,
                         page_size=settings.list_page_size, request_timeout=settings.request_timeout,
-                        workers=settings.workers, now=utc_now(), say=say, log=log,
+                        workers=settings.workers, now=utc_now(), say=say,
                         plan_only=plan_line if plan_only else None)
     except Exception:
-        log(f"internal error; pass aborted:\n{traceback.format_exc()}")
+        log.exception("internal error; pass aborted:")
         return EXIT_CONFIG
 
 

@@ -30,6 +30,7 @@ import errno
 import fnmatch
 import hashlib
 import json
+import logging
 import os
 import random
 import string
@@ -40,6 +41,7 @@ from typing import Callable
 
 from . import plan
 from .api import Api, ApiError, path_of
+from .logs import about
 from .plan import API_VERSION, FINALIZER, LABEL, NAMESPACE_NOT_OURS, STEPS
 
 ARCHIVE_FAILED = plan.ARCHIVE_FAILED
@@ -52,6 +54,8 @@ JSON_PATCH, MERGE_PATCH = "application/json-patch+json", "application/merge-patc
 # AlreadyExists. Bounded: when full it is emptied.
 RECORDED_EVENTS_MAX = 10000
 EVENT_RESEND = 1800.0
+
+log = logging.getLogger(__name__)
 
 
 class NotLeader(Exception):
@@ -216,7 +220,6 @@ class Executor:
                  may_write: Callable[[], bool] = lambda: True,
                  observe: Callable[[dict], None] = lambda obj: None,
                  say: Callable[[str, str], None] = lambda name, what: None,
-                 log: Callable[[str], None] = lambda msg: None,
                  count: Callable[..., None] = lambda name, labels=None: None) -> None:
         self.api = api
         self.archive_dir = archive_dir
@@ -225,7 +228,6 @@ class Executor:
         self.may_write = may_write
         self.observe = observe
         self.say = say
-        self.log = log
         self.count = count
         self._recorded: dict[str, float] = {}
         self._swept = ""  # the archive directory whose leftovers are gone
@@ -243,7 +245,7 @@ class Executor:
                     break  # later steps of a TeamSpace whose write failed are left out
                 if isinstance(w, plan.Report):
                     result.problems = True
-                    self.log(f"TeamSpace {w.teamspace}: {w.event.message}")
+                    log.warning("TeamSpace %s: %s", w.teamspace, w.event.message, extra=about(w.teamspace))
                     self.event(w.teamspace, w.uid, w.event, now)
                 elif isinstance(w, plan.Archive):
                     self._archive(w, result, failures)
@@ -255,11 +257,13 @@ class Executor:
                 for w in plan.failed_status(teamspace, reason, message, now):
                     self._send(w, written, result, [], now)
         except TeamSpaceGone:
-            self.log(f"TeamSpace {teamspace['metadata']['name']}: gone; nothing more to write")
+            name = teamspace["metadata"]["name"]
+            log.info("TeamSpace %s: gone; nothing more to write", name, extra=about(name))
         except NotLeader:
             result.not_leader = True
-            self.log(f"TeamSpace {teamspace['metadata']['name']}: no longer the leader; "
-                     "pass stopped before its next write")
+            name = teamspace["metadata"]["name"]
+            log.info("TeamSpace %s: no longer the leader; pass stopped before its next write", name,
+                     extra=about(name))
         return result
 
     def _check_leader(self) -> None:
@@ -342,7 +346,7 @@ class Executor:
         result.failed = True
         result.errors.append(reason)
         self.count("cnpa_errors_total", {"reason": reason})
-        self.log(f"TeamSpace {w.teamspace}: {message}")
+        log.warning("TeamSpace %s: %s", w.teamspace, message, extra=about(w.teamspace))
         if reason == CONFLICT:
             return
         self.event(w.teamspace, w.uid, plan.Event("Warning", reason, message), now)
@@ -521,7 +525,8 @@ class Executor:
             self.api.request("POST", path_of(obj, collection=True), body=obj)
         except ApiError as exc:
             if exc.reason != "AlreadyExists":
-                self.log(f"TeamSpace {name}: could not record the Event {reason}: {exc}")
+                log.warning("TeamSpace %s: could not record the Event %s: %s", name, reason, exc,
+                            extra=about(name))
                 return
         else:
             self.say(name, f"event {type_} {reason} recorded")
