@@ -65,8 +65,8 @@ log = logging.getLogger(__name__)
 @dataclass
 class Settings:
     """Every setting of a pass and of the long-running controller, with its default (the one
-    place defaults are written: __main__ reads the environment over them; the role's defaults are
-    checked against them in tests/unit/test_ctl_main.py)."""
+    place defaults are written: __main__ reads the flags and the environment over them; the
+    role's defaults are checked against them in tests/unit/test_ctl_main.py)."""
 
     archive_dir: str
     event_namespace: str = "default"
