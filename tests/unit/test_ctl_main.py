@@ -332,3 +332,15 @@ def test_help_and_version_need_no_api_server_and_no_kubernetes_client(tmp_path, 
     # The poison works: the long-running controller does import the client.
     proc = _run("--kubeconfig", str(kubeconfig), env=_env(PYTHONPATH=str(tmp_path)))
     assert proc.returncode == 3 and "the kubernetes client was imported" in proc.stderr, proc.stderr
+
+
+def test_the_docs_quote_the_help_as_the_program_gives_it():
+    """docs/architecture.md's copy of --help cannot drift from the program's. (On any terminal:
+    the width is the program's, not COLUMNS'.)"""
+    page = (ROOT / "docs/architecture.md").read_text()
+    section = page.split("### Its command line\n", 1)[1]
+    quoted = re.search(r"^```text\n(.*?)^```$", section, re.MULTILINE | re.DOTALL)[1]
+    proc = _run("--help", env=_env(COLUMNS="40"))
+    assert proc.returncode == 0, proc.stderr
+    assert quoted == proc.stdout, ("docs/architecture.md, 'Its command line': paste the output of "
+                                   "`python3 -m cnpa_controller --help` there")
