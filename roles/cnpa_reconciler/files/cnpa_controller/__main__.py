@@ -43,7 +43,6 @@ class ConfigError(Exception):
 
 
 PASS, WATCH = "settings of a pass and of the controller", "settings of the long-running controller"
-_d = Settings
 # Every setting: flag, environment variable, metavar, what it is (its --help line) and which
 # mode reads it. The defaults quoted are the ones read_config() falls back to.
 OPTIONS = (
@@ -55,31 +54,31 @@ OPTIONS = (
      f"{SYSTEM_ARCHIVE_DIR} when this package is installed in {SYSTEM_BASE_DIR}, else "
      f"{BASE_DIR}/{ARCHIVE})", PASS),
     ("--request-timeout", "CNPA_REQUEST_TIMEOUT", "DURATION",
-     f"per-request timeout, e.g. 10s, 500ms, 1m (default: {_d.request_timeout:g}s)", PASS),
+     f"per-request timeout, e.g. 10s, 500ms, 1m (default: {Settings.request_timeout:g}s)", PASS),
     ("--event-namespace", "CNPA_EVENT_NAMESPACE", "NAMESPACE",
-     f"namespace of the Events recorded on TeamSpaces (default: {_d.event_namespace})", PASS),
+     f"namespace of the Events recorded on TeamSpaces (default: {Settings.event_namespace})", PASS),
     ("--archive-namespace", "CNPA_ARCHIVE_NAMESPACE", "NAMESPACE",
      "also keep every archive record in the cluster, as ConfigMap archive-UID in this "
      "namespace, before the finalizer is released (default: off; with several controller "
      "hosts, a record then outlives the host that wrote it)", PASS),
     ("--workers", "CNPA_WORKERS", "N",
-     f"TeamSpaces reconciled at the same time, 1-64 (default: {_d.workers})", PASS),
+     f"TeamSpaces reconciled at the same time, 1-64 (default: {Settings.workers})", PASS),
     ("--list-page-size", "CNPA_LIST_PAGE_SIZE", "N",
-     f"objects per page of a full list, 1-10000 (default: {_d.list_page_size})", PASS),
+     f"objects per page of a full list, 1-10000 (default: {Settings.list_page_size})", PASS),
     ("--log-format", "CNPA_LOG_FORMAT", "{" + ",".join(logs.FORMATS) + "}",
      "stderr's lines: text, or one JSON object per line (default: text)", PASS),
     ("--log-level", "CNPA_LOG_LEVEL", "{" + ",".join(logs.LEVELS) + "}",
      "the least level logged on stderr (default: info)", PASS),
     ("--resync-seconds", "CNPA_RESYNC_SECONDS", "SECONDS",
      "every TeamSpace is checked again this often, from the caches, 1-86400 "
-     f"(default: {_d.resync_seconds:g})", WATCH),
+     f"(default: {Settings.resync_seconds:g})", WATCH),
     ("--retry-max-seconds", "CNPA_RETRY_MAX_SECONDS", "SECONDS",
      "the longest wait before a failed TeamSpace is retried (the wait starts at 0.5 s and "
      "doubles) "
-     f"(default: {_d.retry_max_seconds:g})", WATCH),
+     f"(default: {Settings.retry_max_seconds:g})", WATCH),
     ("--watch-timeout-seconds", "CNPA_WATCH_TIMEOUT_SECONDS", "SECONDS",
      "server-side timeout of a watch before it is resumed, 10-3600, jittered up to twice that "
-     f"(default: {_d.watch_timeout_seconds})", WATCH),
+     f"(default: {Settings.watch_timeout_seconds})", WATCH),
     ("--leader-election", "CNPA_LEADER_ELECTION", None,
      "hold a coordination.k8s.io Lease and write only while leader (variable: 1), or be the "
      "only writer (0) (default: on)", WATCH),
@@ -104,7 +103,7 @@ OPTIONS = (
     ("--metrics-textfile", "CNPA_METRICS_TEXTFILE", "PATH",
      "file for node_exporter's textfile collector (default: off)", WATCH),
     ("--metrics-textfile-seconds", "CNPA_METRICS_TEXTFILE_SECONDS", "SECONDS",
-     f"how often that file is rewritten (default: {_d.metrics_textfile_seconds:g})", WATCH),
+     f"how often that file is rewritten (default: {Settings.metrics_textfile_seconds:g})", WATCH),
 )
 
 DESCRIPTION = """\
