@@ -26,7 +26,7 @@ class NoApi:
 
 def test_a_name_found_while_not_leading_is_looked_at_again_not_dropped(tmp_path):
     c = Controller(NoApi(), Settings(archive_dir=str(tmp_path), not_leader_retry_seconds=2.0),
-                   make_elector=Follower, out=io.StringIO(), err=io.StringIO())
+                   make_elector=Follower, out=io.StringIO())
     c.caches.teamspaces._store["a"] = teamspace("a", 2, uid="u-1", generation=1,
                                                 resourceVersion="5")
     c.reconcile("a")

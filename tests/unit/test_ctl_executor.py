@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import fnmatch
 import json
+import logging
 import os
 import time
 
@@ -102,11 +103,30 @@ class FakeApi:
         return [(m, b) for m, p, _, b in self.calls if "/events" in p and m != "GET"]
 
 
+class Logged(logging.Handler):
+    """The executor's log lines (it logs through `logging`), while a `with` lasts."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
+
+    def __enter__(self) -> list[str]:
+        logging.getLogger("cnpa_controller").addHandler(self)
+        return self.lines
+
+    def __exit__(self, *exc) -> None:
+        logging.getLogger("cnpa_controller").removeHandler(self)
+
+
 def run(api, t, ns=None, quota=None, tmp_path=None, **kw):
-    said, logged = [], []
+    said = []
     ex = Executor(api, archive_dir=str(tmp_path or "/nonexistent"), say=lambda n, w: said.append(w),
-                  log=logged.append, **kw)
-    result = ex.execute(t, plan.plan(t, ns, quota, NOW), NOW)
+                  **kw)
+    with Logged() as logged:
+        result = ex.execute(t, plan.plan(t, ns, quota, NOW), NOW)
     return result, said, logged
 
 
@@ -258,9 +278,9 @@ def test_an_earlier_record_of_the_same_name_is_kept(tmp_path):
 def test_a_broken_archive_directory_refuses_the_release(tmp_path):
     (tmp_path / "file").write_text("")
     api = FakeApi()
-    said, logged = [], []
+    said = []
     ex = Executor(api, archive_dir=str(tmp_path / "file" / "archive"),
-                  say=lambda n, w: said.append(w), log=logged.append)
+                  say=lambda n, w: said.append(w))
     t = teamspace(finalizers=[FIN], deleting=True)
     result = ex.execute(t, plan.plan(t, None, None, NOW), NOW)
     assert result.archive_broken and result.failed

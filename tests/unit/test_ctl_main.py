@@ -1,8 +1,10 @@
-"""python3 -m cnpa_controller refuses bad configuration with a clear message and exit status 3."""
+"""python3 -m cnpa_controller: its flags and variables, and bad configuration refused with a clear
+message and exit status 3."""
 
 from __future__ import annotations
 
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -10,7 +12,15 @@ from pathlib import Path
 
 import pytest
 
-from cnpa_controller.__main__ import ConfigError, duration, read_config
+from cnpa_controller.__main__ import (
+    OPTIONS,
+    ConfigError,
+    duration,
+    from_flags,
+    log_options,
+    parser,
+    read_config,
+)
 from cnpa_controller.controller import default_archive_dir
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -111,13 +121,14 @@ def test_with_leader_election_writes_time_out_before_another_host_could_take_ove
 def test_the_electors_news_reaches_the_journal():
     """Who leads and every transition must be in the journal: the elector says it with `logging`
     at INFO, which Python drops unless the process configures a handler."""
-    code = ("import logging; from cnpa_controller.__main__ import log_to_stderr; log_to_stderr();"
+    code = ("import logging; from cnpa_controller import logs; logs.setup();"
             " log = logging.getLogger('cnpa_controller.leader');"
             " log.info('host-a: became leader on lease cnpa-system/cnpa-op');"
             " log.debug('not this')")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
                           cwd=ROOT, check=True)
-    assert proc.stderr == "cnpa-op: host-a: became leader on lease cnpa-system/cnpa-op\n"
+    assert re.fullmatch(r"\S+Z INFO cnpa-op: host-a: became leader on lease cnpa-system/cnpa-op\n",
+                        proc.stderr), proc.stderr
 
 
 def _kubeconfig(tmp_path: Path, token_file: str) -> Path:
@@ -210,3 +221,126 @@ def test_a_401_makes_the_next_request_read_the_token_file_again(tmp_path):
     with pytest.raises(ApiError):  # within the hour, but after a 401: read again
         api.request("GET", "/api")
     assert hook.reads == 2
+
+
+def test_the_version_is_the_collection_s():
+    import yaml
+
+    import cnpa_controller
+
+    galaxy = yaml.safe_load((ROOT / "galaxy.yml").read_text())
+    assert cnpa_controller.__version__ == galaxy["version"]
+
+
+def _env(**extra: str) -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("CNPA_", "KUBECONFIG"))}
+    return {**env, "KUBECONFIG": "/nonexistent/kubeconfig", **extra}
+
+
+def _run(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "cnpa_controller", *args], cwd=ROOT,
+                          env=env or _env(), capture_output=True, text=True, timeout=60)
+
+
+def _config(argv: list, env: dict) -> dict:
+    """What main() reads from these flags over this environment."""
+    env = dict(env)
+    flags = from_flags(parser().parse_args(argv), env)
+    return read_config(env, flags)
+
+
+def test_flags_win_over_the_environment():
+    env = {"CNPA_WORKERS": "8", "CNPA_LEADER_ELECTION": "1", "CNPA_LEASE_NAME": "from-env",
+           "CNPA_BASE_DIR": "/env", "KUBECONFIG": "/env/kubeconfig"}
+    conf = _config(["--workers", "4", "--no-leader-election", "--kubeconfig", "/flag/kubeconfig",
+                    "--archive-dir", "/flag/archive"], env)
+    assert conf["settings"].workers == 4 and conf["election"] is False
+    assert conf["kubeconfig"] == "/flag/kubeconfig"
+    assert conf["settings"].archive_dir == "/flag/archive"
+    assert conf["lease"]["name"] == "from-env"  # no flag: the variable still counts
+    assert _config(["--leader-election"], {"CNPA_LEADER_ELECTION": "0"})["election"] is True
+    assert _config([], env)["settings"].workers == 8
+
+
+def test_every_setting_read_has_a_flag():
+    """A setting added to read_config without its flag would be the one a flag cannot set."""
+    import inspect
+
+    from cnpa_controller.__main__ import main
+
+    source = "".join(inspect.getsource(f) for f in (read_config, log_options, main))
+    read = set(re.findall(r"\b(CNPA_[A-Z_]+|KUBECONFIG)\b", source))
+    with_flag = {var for _flag, var, *_rest in OPTIONS}
+    assert read == with_flag
+    for flag, var, *_rest in OPTIONS:
+        assert flag == "--" + var.removeprefix("CNPA_").lower().replace("_", "-")
+
+
+@pytest.mark.parametrize(("args", "named"), [
+    (["--workers", "0"], "--workers='0'"),
+    (["--request-timeout", "soon"], "--request-timeout='soon'"),
+    (["--event-namespace", "Not_A_Namespace"], "--event-namespace="),
+    (["--archive-dir", "relative/dir"], "--archive-dir="),
+    (["--renew-seconds", "20"], "--renew-seconds"),
+    (["--metrics-address", "nowhere"], "--metrics-address="),
+    (["--lease-identity", "h\u00f6st"], "--lease-identity="),
+    (["--log-format", "xml"], "--log-format='xml'"),
+    (["--log-level", "loud"], "--log-level='loud'"),
+    (["--kubeconfig", "/nonexistent/kubeconfig"], "--kubeconfig"),
+    (["--once", "--kubeconfig", "/nonexistent/kubeconfig"], "--kubeconfig: /nonexistent/kubeconfig"),
+])
+def test_a_bad_flag_value_exits_3_naming_the_flag(args, named):
+    # The variable is set as well, to a good value: the flag wins, and the message says which.
+    proc = _run(*args, env=_env(CNPA_WORKERS="4"))
+    assert proc.returncode == 3, proc.stderr
+    assert named in proc.stderr and "CNPA_WORKERS" not in proc.stderr, proc.stderr
+
+
+@pytest.mark.parametrize("args", [["--twice"], ["--once", "--plan"], ["--workers"],
+                                  ["--work", "4"], ["once"]])
+def test_a_bad_command_line_is_usage_and_status_3_not_2(args):
+    """2 is "the API server could not be read" to whoever runs a pass; argparse's own is 2."""
+    proc = _run(*args)
+    assert proc.returncode == 3, proc.stderr
+    assert proc.stderr.startswith("usage: python3 -m cnpa_controller ") and " error: " in proc.stderr
+    assert proc.stdout == ""
+
+
+@pytest.mark.parametrize("args", [["--help"], ["--version"], ["--once", "--help"]])
+def test_help_and_version_need_no_api_server_and_no_kubernetes_client(tmp_path, args):
+    """A kubernetes package that fails on import is first on the path, the kubeconfig names a
+    server nobody answers at, and a setting is bad: none of it is looked at."""
+    poison = tmp_path / "kubernetes"
+    poison.mkdir()
+    (poison / "__init__.py").write_text("raise ImportError('the kubernetes client was imported')\n")
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text("apiVersion: v1\nkind: Config\ncurrent-context: c\n"
+                          "clusters: [{name: c, cluster: {server: 'http://127.0.0.1:1'}}]\n"
+                          "contexts: [{name: c, context: {cluster: c, user: u}}]\n"
+                          "users: [{name: u, user: {token: t}}]\n")
+    proc = _run(*args, env=_env(PYTHONPATH=str(tmp_path), KUBECONFIG=str(kubeconfig),
+                                CNPA_WORKERS="0"))
+    assert proc.returncode == 0 and proc.stderr == "", proc.stderr
+    if args == ["--version"]:
+        import cnpa_controller
+
+        assert proc.stdout == f"python3 -m cnpa_controller {cnpa_controller.__version__}\n"
+    else:
+        assert proc.stdout.startswith("usage: python3 -m cnpa_controller ")
+        assert "--workers N" in proc.stdout and "[CNPA_WORKERS]" in proc.stdout
+        assert "Exit status of --once and --plan" in proc.stdout
+    # The poison works: the long-running controller does import the client.
+    proc = _run("--kubeconfig", str(kubeconfig), env=_env(PYTHONPATH=str(tmp_path)))
+    assert proc.returncode == 3 and "the kubernetes client was imported" in proc.stderr, proc.stderr
+
+
+def test_the_docs_quote_the_help_as_the_program_gives_it():
+    """docs/architecture.md's copy of --help cannot drift from the program's. (On any terminal:
+    the width is the program's, not COLUMNS'.)"""
+    page = (ROOT / "docs/architecture.md").read_text()
+    section = page.split("### Its command line\n", 1)[1]
+    quoted = re.search(r"^```text\n(.*?)^```$", section, re.MULTILINE | re.DOTALL)[1]
+    proc = _run("--help", env=_env(COLUMNS="40"))
+    assert proc.returncode == 0, proc.stderr
+    assert quoted == proc.stdout, ("docs/architecture.md, 'Its command line': paste the output of "
+                                   "`python3 -m cnpa_controller --help` there")

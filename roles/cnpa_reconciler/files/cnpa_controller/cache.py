@@ -26,6 +26,7 @@ is retried with capped exponential backoff, and a relist that fails is retried t
 from __future__ import annotations
 
 import json
+import logging
 import random
 import threading
 import time
@@ -35,6 +36,8 @@ from .api import DEFAULT_TIMEOUT, Api, ApiError
 from .plan import API_VERSION, LABEL, QUOTA
 
 NAMESPACE_PREFIX = "team-"
+
+log = logging.getLogger(__name__)
 
 
 def teamspace_of_teamspace(obj: dict) -> str | None:
@@ -83,7 +86,6 @@ class Informer:
     def __init__(self, api: Api, kind: str, path: str, *, label_selector: str | None = None,
                  field_selector: str | None = None,
                  on_change: Callable[[dict], None] = lambda obj: None,
-                 log: Callable[[str], None] = lambda msg: None,
                  page_size: int = 500, watch_timeout: int = 300, backoff_cap: float = 30.0,
                  request_timeout: float = DEFAULT_TIMEOUT) -> None:
         self.api = api
@@ -91,7 +93,6 @@ class Informer:
         self.path = path
         self.selectors = {"labelSelector": label_selector, "fieldSelector": field_selector}
         self.on_change = on_change
-        self.log = log
         self.page_size = page_size
         self.watch_timeout = watch_timeout
         self.backoff_cap = backoff_cap
@@ -158,7 +159,7 @@ class Informer:
                     # The continue token expired (the pages spanned a compaction). Paging again
                     # could expire again and again on a busy server: one list in one piece, as
                     # client-go's reflector falls back to.
-                    self.log(f"list of {self.kind} expired between pages; listing in one piece")
+                    log.info("list of %s expired between pages; listing in one piece", self.kind)
                     items, token, paged = {}, None, False
                     continue
                 raise
@@ -282,7 +283,7 @@ class Informer:
                 self.watch(stop)
                 delay = 0.0
             except Gone as exc:
-                self.log(f"{exc}; listing {self.kind} again")
+                log.info("%s; listing %s again", exc, self.kind)
                 need_list = True
                 # Paced: a server that answers every watch with 410 must not be made to list
                 # everything in a tight loop.
@@ -295,7 +296,7 @@ class Informer:
                     delay = 0.0
                 delay = min(self.backoff_cap, max(0.2, delay * 2))
                 what = "list" if need_list else "watch"
-                self.log(f"{what} of {self.kind} failed ({exc}); retrying in {delay:.1f} s")
+                log.warning("%s of %s failed (%s); retrying in %.1f s", what, self.kind, exc, delay)
 
     def close(self) -> None:
         """Break the current watch (at shutdown), so that its thread ends."""
@@ -310,8 +311,7 @@ class Informer:
 class Caches:
     """The three informers of the controller, feeding one handler with TeamSpace names."""
 
-    def __init__(self, api: Api, enqueue: Callable[[str], None],
-                 log: Callable[[str], None] = lambda msg: None, **options) -> None:
+    def __init__(self, api: Api, enqueue: Callable[[str], None], **options) -> None:
         def handler(mapping: Callable[[dict], str | None]) -> Callable[[dict], None]:
             def on_change(obj: dict) -> None:
                 name = mapping(obj)
@@ -320,12 +320,12 @@ class Caches:
             return on_change
 
         self.teamspaces = Informer(api, "TeamSpace", f"/apis/{API_VERSION}/teamspaces",
-                                   on_change=handler(teamspace_of_teamspace), log=log, **options)
+                                   on_change=handler(teamspace_of_teamspace), **options)
         self.namespaces = Informer(api, "Namespace", "/api/v1/namespaces", label_selector=LABEL,
-                                   on_change=handler(teamspace_of_namespace), log=log, **options)
+                                   on_change=handler(teamspace_of_namespace), **options)
         self.quotas = Informer(api, "ResourceQuota", "/api/v1/resourcequotas",
                                field_selector=f"metadata.name={QUOTA}",
-                               on_change=handler(teamspace_of_quota), log=log, **options)
+                               on_change=handler(teamspace_of_quota), **options)
         self.all = (self.teamspaces, self.namespaces, self.quotas)
         self._threads: list[threading.Thread] = []
 

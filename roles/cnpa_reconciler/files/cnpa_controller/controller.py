@@ -17,11 +17,11 @@ cnpa_last_successful_sync_timestamp_seconds, cnpa_leader).
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 import threading
 import time
-import traceback
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -29,6 +29,7 @@ from . import plan
 from .api import DEFAULT_TIMEOUT, Api
 from .cache import Caches
 from .executor import Executor
+from .logs import about
 from .workqueue import WorkQueue
 
 EXIT_OK = 0
@@ -58,11 +59,14 @@ def default_archive_dir(base_dir: str = "", installed_in: str = INSTALLED_IN) ->
     return os.path.join(BASE_DIR, ARCHIVE)
 
 
+log = logging.getLogger(__name__)
+
+
 @dataclass
 class Settings:
     """Every setting of a pass and of the long-running controller, with its default (the one
-    place defaults are written: __main__ reads the environment over them; the role's defaults are
-    checked against them in tests/unit/test_ctl_main.py)."""
+    place defaults are written: __main__ reads the flags and the environment over them; the
+    role's defaults are checked against them in tests/unit/test_ctl_main.py)."""
 
     archive_dir: str
     event_namespace: str = "default"
@@ -121,11 +125,10 @@ def utc_now() -> str:
 class Controller:
     def __init__(self, api: Api, settings: Settings, *,
                  make_elector: Callable[[Callable[[bool], None]], Any] | None = None,
-                 metrics: Any = None, out=None, err=None) -> None:
+                 metrics: Any = None, out=None) -> None:
         self.api = api
         self.settings = settings
         self.out = out or sys.stdout
-        self.err = err or sys.stderr
         self._print_lock = threading.Lock()
         self.metrics = metrics or NoMetrics()
         # The elector tells this controller when leadership changes (on_change).
@@ -133,14 +136,14 @@ class Controller:
         self.stop = threading.Event()
         self.exit_status = EXIT_OK
         self.queue = WorkQueue(retry_cap=settings.retry_max_seconds)
-        self.caches = Caches(api, self.queue.add, log=self.log, page_size=settings.list_page_size,
+        self.caches = Caches(api, self.queue.add, page_size=settings.list_page_size,
                              watch_timeout=settings.watch_timeout_seconds,
                              request_timeout=max(settings.request_timeout, 30.0))
         self.executor = Executor(api, archive_dir=settings.archive_dir,
                                  event_namespace=settings.event_namespace,
                                  archive_namespace=settings.archive_namespace,
                                  may_write=self.elector.is_leader, observe=self.caches.observe,
-                                 say=self.say, log=self.log, count=self._count)
+                                 say=self.say, count=self._count)
 
     # -- output (the journal) --------------------------------------------------------------
     def say(self, name: str, what: str) -> None:
@@ -148,16 +151,15 @@ class Controller:
         with self._print_lock:
             print(f"teamspace {name}: {what}", file=self.out, flush=True)
 
-    def log(self, msg: str) -> None:
-        with self._print_lock:
-            print(f"cnpa-op: {msg}", file=self.err, flush=True)
-
     def _count(self, name: str, labels: dict | None = None) -> None:
         self.metrics.inc(name, labels)
 
     # -- leadership --------------------------------------------------------------------------
     def leader_changed(self, leading: bool) -> None:
-        self.log("became the leader" if leading else "lost the leadership; not writing")
+        if leading:
+            log.info("became the leader")
+        else:
+            log.warning("lost the leadership; not writing")
         self.metrics.set("cnpa_leader", 1 if leading else 0)
         if leading:
             # Whatever changed while another process led (or none did) is reconciled now.
@@ -196,13 +198,13 @@ class Controller:
             return
         if result.archive_broken:
             self.exit_status = EXIT_ARCHIVE
-            self.log(f"archive directory {self.settings.archive_dir} is missing or was replaced; "
-                     "exiting with status 4 so that the service restarts with fresh mounts")
+            log.error("archive directory %s is missing or was replaced; exiting with status 4 so "
+                      "that the service restarts with fresh mounts", self.settings.archive_dir)
             self.stop.set()
         if result.failed:
             delay = self.queue.retry(name)
             self.metrics.inc("cnpa_reconciles_total", {"result": "failed"})
-            self.log(f"TeamSpace {name}: retrying in {delay:.1f} s")
+            log.info("TeamSpace %s: retrying in %.1f s", name, delay, extra=about(name))
         else:
             self.queue.forget(name)
             self.metrics.inc("cnpa_reconciles_total",
@@ -218,7 +220,7 @@ class Controller:
                 self.reconcile(name)
             except Exception:
                 # One bad object never stops the others: logged, retried with backoff.
-                self.log(f"TeamSpace {name}: internal error, retrying:\n{traceback.format_exc()}")
+                log.exception("TeamSpace %s: internal error, retrying:", name, extra=about(name))
                 self.metrics.inc("cnpa_errors_total", {"reason": "InternalError"})
                 self.queue.retry(name)
             finally:
@@ -241,7 +243,7 @@ class Controller:
         try:
             self.metrics.write_textfile(self.settings.metrics_textfile)
         except OSError as exc:
-            self.log(f"cannot write the metrics textfile: {exc}")
+            log.warning("cannot write the metrics textfile: %s", exc)
 
     # -- the whole run -----------------------------------------------------------------------
     def run(self) -> int:
@@ -249,11 +251,11 @@ class Controller:
                                     daemon=True)]
         threads[0].start()
         self.caches.start(self.stop)
-        self.log("listing TeamSpaces, namespaces and quotas")
+        log.info("listing TeamSpaces, namespaces and quotas")
         if not self.caches.wait_synced(self.stop):
             return self.shutdown(threads)
-        self.log(f"caches synced: {len(self.caches.teamspaces)} TeamSpaces, "
-                 f"{len(self.caches.namespaces)} namespaces, {len(self.caches.quotas)} quotas")
+        log.info("caches synced: %d TeamSpaces, %d namespaces, %d quotas",
+                 len(self.caches.teamspaces), len(self.caches.namespaces), len(self.caches.quotas))
         self.metrics.set("cnpa_last_successful_sync_timestamp_seconds", time.time())
         for i in range(self.settings.workers):
             t = threading.Thread(target=self.worker, name=f"worker-{i}", daemon=True)
@@ -273,7 +275,7 @@ class Controller:
         """Stop taking names, let the passes under way finish (bounded by their requests'
         timeouts), give the Lease up so that another process takes over at once."""
         self.stop.set()
-        self.log("stopping: finishing the passes under way, then giving the Lease up")
+        log.info("stopping: finishing the passes under way, then giving the Lease up")
         self.queue.shutdown()
         deadline = time.monotonic() + 4 * self.settings.request_timeout + 5
         for t in threads:
@@ -282,9 +284,9 @@ class Controller:
         try:
             self.elector.release()
         except Exception as exc:
-            self.log(f"could not release the Lease: {exc}")
+            log.warning("could not release the Lease: %s", exc)
         self.caches.close()
         if self.settings.metrics_textfile:
             self._write_textfile()
-        self.log("stopped")
+        log.info("stopped")
         return self.exit_status

@@ -33,6 +33,7 @@ import errno
 import fnmatch
 import hashlib
 import json
+import logging
 import os
 import random
 import string
@@ -44,6 +45,7 @@ from typing import Callable
 
 from . import plan
 from .api import Api, ApiError, path_of
+from .logs import about
 from .plan import API_VERSION, FINALIZER, LABEL, NAMESPACE_NOT_OURS, STEPS
 
 ARCHIVE_FAILED = plan.ARCHIVE_FAILED
@@ -58,6 +60,8 @@ EVENT_REFILL_SECONDS = 300.0
 # Bound of each of the executor's Event memories (the Events it wrote, the spam filter's buckets):
 # least recently used first out.
 RECORDED_EVENTS_MAX = 10000
+
+log = logging.getLogger(__name__)
 
 
 class NotLeader(Exception):
@@ -285,7 +289,6 @@ class Executor:
                  may_write: Callable[[], bool] = lambda: True,
                  observe: Callable[[dict], None] = lambda obj: None,
                  say: Callable[[str, str], None] = lambda name, what: None,
-                 log: Callable[[str], None] = lambda msg: None,
                  count: Callable[..., None] = lambda name, labels=None: None) -> None:
         self.api = api
         self.archive_dir = archive_dir
@@ -294,7 +297,6 @@ class Executor:
         self.may_write = may_write
         self.observe = observe
         self.say = say
-        self.log = log
         self.count = count
         # Event name -> the Event as the server last answered (what event_write needs of it):
         # the long-running controller reads an Event only when it does not know it yet.
@@ -317,7 +319,7 @@ class Executor:
                     break  # later steps of a TeamSpace whose write failed are left out
                 if isinstance(w, plan.Report):
                     result.problems = True
-                    self.log(f"TeamSpace {w.teamspace}: {w.event.message}")
+                    log.warning("TeamSpace %s: %s", w.teamspace, w.event.message, extra=about(w.teamspace))
                     self.event(w.teamspace, w.uid, w.event, now)
                 elif isinstance(w, plan.Archive):
                     self._archive(w, result, failures)
@@ -329,11 +331,13 @@ class Executor:
                 for w in plan.failed_status(teamspace, reason, message, now):
                     self._send(w, written, result, [], now)
         except TeamSpaceGone:
-            self.log(f"TeamSpace {teamspace['metadata']['name']}: gone; nothing more to write")
+            name = teamspace["metadata"]["name"]
+            log.info("TeamSpace %s: gone; nothing more to write", name, extra=about(name))
         except NotLeader:
             result.not_leader = True
-            self.log(f"TeamSpace {teamspace['metadata']['name']}: no longer the leader; "
-                     "pass stopped before its next write")
+            name = teamspace["metadata"]["name"]
+            log.info("TeamSpace %s: no longer the leader; pass stopped before its next write", name,
+                     extra=about(name))
         return result
 
     def _check_leader(self) -> None:
@@ -416,7 +420,7 @@ class Executor:
         result.failed = True
         result.errors.append(reason)
         self.count("cnpa_errors_total", {"reason": reason})
-        self.log(f"TeamSpace {w.teamspace}: {message}")
+        log.warning("TeamSpace %s: %s", w.teamspace, message, extra=about(w.teamspace))
         if reason == CONFLICT:
             return
         self.event(w.teamspace, w.uid, plan.Event("Warning", reason, message), now)
@@ -597,7 +601,8 @@ class Executor:
                 if previous is None:
                     previous = self._read_event(obj)
             except ApiError as exc:
-                self.log(f"TeamSpace {name}: could not read the Event {reason}: {exc}")
+                log.warning("TeamSpace %s: could not read the Event %s: %s", name, reason, exc,
+                            extra=about(name))
                 return
             send = event_write(previous, obj, now)
             if send is None:
@@ -624,7 +629,8 @@ class Executor:
                 self._forget(ev)
                 if exc.status == 409:
                     continue  # AlreadyExists, or a patch of an older version: read it again
-                self.log(f"TeamSpace {name}: could not record the Event {reason}: {exc}")
+                log.warning("TeamSpace %s: could not record the Event %s: %s", name, reason, exc,
+                            extra=about(name))
                 return
             self._remember(ev, answer)
             count = answer.get("count") or 1

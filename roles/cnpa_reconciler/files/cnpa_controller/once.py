@@ -14,6 +14,7 @@ problem no write can fix (named on stderr, retried next pass); 2 the API server 
 from __future__ import annotations
 
 import json
+import logging
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable
 
@@ -25,12 +26,13 @@ from .executor import Executor
 
 EXIT_FAILED, EXIT_UNREADABLE = 1, 2
 
+log = logging.getLogger(__name__)
 
-def read_state(api: Api, *, page_size: int, request_timeout: float,
-               log: Callable[[str], None]) -> Caches:
+
+def read_state(api: Api, *, page_size: int, request_timeout: float) -> Caches:
     """The three kinds, listed once each (no watch), at the same time: each list is a few
     sequential pages, and a pass is mostly waiting on them. Raises ApiError if any cannot be read."""
-    caches = Caches(api, lambda name: None, log=log, page_size=page_size,
+    caches = Caches(api, lambda name: None, page_size=page_size,
                     request_timeout=request_timeout)
     with ThreadPoolExecutor(len(caches.all)) as pool:
         for done in [pool.submit(informer.relist) for informer in caches.all]:
@@ -51,14 +53,14 @@ def plans(caches: Caches, now: str) -> list[tuple[dict, list]]:
 
 def run_pass(api: Api, *, archive_dir: str, event_namespace: str, archive_namespace: str,
              page_size: int, request_timeout: float, workers: int, now: str,
-             say: Callable[[str, str], None], log: Callable[[str], None],
+             say: Callable[[str, str], None],
              plan_only: Callable[[str], None] | None = None) -> int:
     """One pass; plan_only: print each planned write (one JSON line) and write nothing."""
     try:
-        caches = read_state(api, page_size=page_size, request_timeout=request_timeout, log=log)
+        caches = read_state(api, page_size=page_size, request_timeout=request_timeout)
     except ApiError as exc:
-        log("cannot list TeamSpaces, namespaces or quotas (API server unreachable or CRD missing?); "
-            f"pass aborted, nothing written: {exc}")
+        log.error("cannot list TeamSpaces, namespaces or quotas (API server unreachable or CRD "
+                  "missing?); pass aborted, nothing written: %s", exc)
         return EXIT_UNREADABLE
     todo = plans(caches, now)
     if plan_only is not None:
@@ -70,7 +72,7 @@ def run_pass(api: Api, *, archive_dir: str, event_namespace: str, archive_namesp
         return EXIT_OK
     executor = Executor(api, archive_dir=archive_dir, event_namespace=event_namespace,
                         archive_namespace=archive_namespace, observe=caches.observe,
-                        say=say, log=log)
+                        say=say)
     with ThreadPoolExecutor(max(1, min(workers, len(todo)))) as pool:
         results = list(pool.map(lambda item: executor.execute(item[0], item[1], now), todo))
     if any(r.archive_broken for r in results):
