@@ -39,7 +39,8 @@ New with this controller:
                               (default 7; less than CNPA_LEASE_SECONDS)
   CNPA_LEASE_RETRY_SECONDS    interval of acquire/renew attempts (default 2; less than
                               CNPA_RENEW_SECONDS)
-  CNPA_METRICS_ADDRESS        HOST:PORT to serve Prometheus metrics on /metrics (default: off)
+  CNPA_METRICS_ADDRESS        HOST:PORT to serve Prometheus metrics on /metrics, and /healthz
+                              and /readyz (default: off)
   CNPA_METRICS_TEXTFILE       file for node_exporter's textfile collector, rewritten every
                               CNPA_METRICS_TEXTFILE_SECONDS (default 15) (default: off)
 
@@ -241,17 +242,15 @@ def main(env: dict | None = None, argv: list | tuple = ()) -> int:
         return EXIT_CONFIG
     if argv:
         return one_pass(api, settings, plan_only=argv[0] == "--plan")
-    # Only the long-running controller serves metrics (http.server: a pass starts faster).
-    from .metrics import Metrics
+    # Only the long-running controller has metrics (prometheus_client: a pass starts faster).
+    try:
+        from .metrics import Metrics
+    except ImportError as exc:
+        print(f"cnpa-op: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
 
     api = Api(client, timeout=settings.write_timeout or settings.request_timeout)
     metrics = Metrics()
-    if conf["metrics_address"]:
-        try:
-            metrics.serve(*conf["metrics_address"])
-        except OSError as exc:
-            print(f"cnpa-op: CNPA_METRICS_ADDRESS: cannot serve there: {exc}", file=sys.stderr)
-            return EXIT_CONFIG
 
     make_elector = None
     if conf["election"]:
@@ -276,6 +275,13 @@ def main(env: dict | None = None, argv: list | tuple = ()) -> int:
             return elector
 
     controller = Controller(api, settings, make_elector=make_elector, metrics=metrics)
+    if conf["metrics_address"]:
+        try:
+            metrics.serve(*conf["metrics_address"],
+                          checks={"/healthz": controller.healthz, "/readyz": controller.readyz})
+        except OSError as exc:
+            print(f"cnpa-op: CNPA_METRICS_ADDRESS: cannot serve there: {exc}", file=sys.stderr)
+            return EXIT_CONFIG
 
     def on_signal(signum, frame):
         # Nothing else here: a handler that logged could wait forever on the print lock the
