@@ -43,10 +43,10 @@ def scrape(port: int) -> dict[tuple[str, frozenset], float]:
             for family in text_string_to_metric_families(text) for s in family.samples}
 
 
-def total(samples: dict, name: str, **labels: str) -> float:
+def total(samples: dict, metric: str, **labels: str) -> float:
     """The sum of a metric's samples that carry these labels (any others summed over)."""
     want = set(labels.items())
-    return sum(v for (n, ls), v in samples.items() if n == name and want <= ls)
+    return sum(v for (n, ls), v in samples.items() if n == metric and want <= ls)
 
 
 def test_metrics_parse_and_the_histograms_move_under_load(host, start_controller):
@@ -67,8 +67,8 @@ def test_metrics_parse_and_the_histograms_move_under_load(host, start_controller
         wait_ready(host, name)
     after = scrape(port)
 
-    def grew(name: str, **labels: str) -> float:
-        return total(after, name, **labels) - total(before, name, **labels)
+    def grew(metric: str, **labels: str) -> float:
+        return total(after, metric, **labels) - total(before, metric, **labels)
 
     # Each new TeamSpace is reconciled more than once (created, then its own writes come back
     # through the watches); at least once each with writes.
@@ -81,7 +81,7 @@ def test_metrics_parse_and_the_histograms_move_under_load(host, start_controller
     assert grew("rest_client_request_duration_seconds_count", verb="POST",
                 resource="namespaces") >= 6
     assert grew("rest_client_requests_total", code="201", method="POST") >= 6
-    assert grew("cnpa_writes_total", step="quota", op="create") == 6
+    assert grew("cnpa_writes_total", step="quota", op="create") >= 6
     assert total(after, "cnpa_cache_objects", resource="teamspaces") >= 6
     assert total(after, "workqueue_depth") >= 0
     assert c.proc.poll() is None
@@ -112,22 +112,22 @@ def test_a_wedged_worker_makes_healthz_and_readyz_fail_until_it_is_free(host, st
     port = free_port()
     archive = tmp_path / "wedge" / "archive"
     archive.mkdir(parents=True)
-    # A 1 s request timeout: the wedge bound is 2 x 7 steps x 1 s + 5 s (cnpa_controller.health).
+    # A 2 s request timeout: the wedge bound is 2 x 7 steps x 2 s + 5 s (cnpa_controller.health).
     c = start_controller("wedge", CNPA_METRICS_ADDRESS=f"127.0.0.1:{port}",
-                         CNPA_REQUEST_TIMEOUT="1s", CNPA_ARCHIVE_DIR=str(archive))
+                         CNPA_REQUEST_TIMEOUT="2s", CNPA_ARCHIVE_DIR=str(archive))
     host.apply(teamspace("ctl-wedge", pods=2))
     wait_ready(host, "ctl-wedge")
     fifo = archive / "ctl-wedge.json"
     os.mkfifo(fifo)
     host.kubectl("delete", "teamspace", "ctl-wedge", "--wait=false")
     wedged_at = time.monotonic()
-    wait_for(lambda: get(port, "/healthz")[0] == 500, timeout=60, what="/healthz 500")
+    wait_for(lambda: get(port, "/healthz")[0] == 500, timeout=90, what="/healthz 500")
     stuck_for = time.monotonic() - wedged_at
     status, body = get(port, "/healthz")
     assert status == 500 and "worker-" in body and "stuck" in body, body
     assert get(port, "/readyz")[0] == 500
-    assert total(scrape(port), "workqueue_longest_running_processor_seconds") > 19
-    assert stuck_for > 15   # not before the bound
+    assert total(scrape(port), "workqueue_longest_running_processor_seconds") > 25
+    assert stuck_for > 25   # not before the bound
     # Free it: a writer for the FIFO (O_NONBLOCK succeeds only because the worker is reading).
     fd = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
     os.write(fd, b"{}\n")
