@@ -4,9 +4,10 @@
 heartbeat every time round its loop (at least once a second while the queue is empty) and the
 main loop touches its own every tick, so a heartbeat older than the wedge bound means that
 thread is stuck: in one reconcile (a request that outlived its timeout, a file that never opens,
-a lock never released). The bound follows from the request timeout: a reconcile sends at most a
-write and an Event per plan step, each bounded by it, so a healthy worker finishes one within
-wedge_bound() (twice that many requests, plus WEDGE_MARGIN for the archive's fsyncs).
+a lock never released). The bound follows from the request timeout: a reconcile sends a write
+per plan step that has something to do, an Event where it finds a problem (the archive step a
+read as well), each bounded by the request timeout; wedge_bound() allows two requests per step,
+plus WEDGE_MARGIN for the archive's fsyncs, more than a healthy worker takes.
 
 /readyz (readiness): live, every cache has synced (the workers run), and, with leader election,
 the elector's loop went round recently: a leader, or a follower able to take over.
