@@ -146,18 +146,17 @@ class Controller:
         self.err = err or sys.stderr
         self._print_lock = threading.Lock()
         self.metrics = metrics or NoMetrics()
-        # The elector tells this controller when leadership changes (on_change).
         self.stop = threading.Event()
         self.exit_status = EXIT_OK
         self.queue = WorkQueue(retry_cap=settings.retry_max_seconds, metrics=self.metrics.queue())
         self.heartbeats = health.Heartbeats()
         self.wedge_seconds = health.wedge_bound(settings.request_timeout, len(plan.STEPS))
         self.workers_started = threading.Event()
-        self.lease_name = ""
         self.metrics.set("controller_runtime_max_concurrent_reconciles", settings.workers,
                          {"controller": CONTROLLER})
         if self.metrics.request is not None:
             api.observe = self.metrics.request
+        # The elector tells this controller when leadership changes (on_change, from run() on).
         self.elector = (make_elector or AlwaysLeader)(self.leader_changed)
         self.lease_name = getattr(self.elector, "name", "") or "none"
         self.metrics.set("leader_election_master_status", 0, {"name": self.lease_name})
@@ -187,9 +186,9 @@ class Controller:
     # -- leadership --------------------------------------------------------------------------
     def leader_changed(self, leading: bool) -> None:
         self.log("became the leader" if leading else "lost the leadership; not writing")
-        name = self.lease_name or getattr(self.elector, "name", "") or "none"
-        self.metrics.set("leader_election_master_status", 1 if leading else 0, {"name": name})
-        self.metrics.inc("cnpa_leader_transitions_total", {"name": name})
+        lease = {"name": self.lease_name}
+        self.metrics.set("leader_election_master_status", 1 if leading else 0, lease)
+        self.metrics.inc("cnpa_leader_transitions_total", lease)
         if leading:
             # Whatever changed while another process led (or none did) is reconciled now.
             self.enqueue_all()
