@@ -290,3 +290,12 @@ def test_the_watchdog_period_is_systemds_for_this_process_only():
     assert health.watchdog_seconds({"WATCHDOG_USEC": "30000000", "WATCHDOG_PID": other}) == 0
     assert health.watchdog_seconds({}) == 0
     assert health.tick_seconds(2) == 0.5 and health.tick_seconds(0) == 1
+
+
+def test_a_pass_never_imports_prometheus_client():
+    # What --once and --plan load (reconcile.sh runs a pass every few seconds; the import costs).
+    code = ("import sys, cnpa_controller.__main__, cnpa_controller.once; "
+            "print('prometheus_client' in sys.modules, 'kubernetes' in sys.modules)")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                          timeout=60, check=True)
+    assert proc.stdout.split() == ["False", "False"]
