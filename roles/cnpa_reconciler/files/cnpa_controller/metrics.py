@@ -176,8 +176,6 @@ class Metrics:
         self._metrics: dict[str, Any] = {}
         for name, (kind, text, labels, buckets) in KNOWN.items():
             self._declare(name, kind, text, labels, buckets)
-        for name in ("cnpa_resyncs_total", "cnpa_last_successful_sync_timestamp_seconds"):
-            self._metrics[name].inc(0)   # unlabelled: shown as 0 before the first change
         self._metrics["cnpa_build_info"].labels(_version(), platform.python_version()).set(1)
         self._collected = _Collected()
         self.registry.register(self._collected)
