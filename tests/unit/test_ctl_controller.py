@@ -33,3 +33,39 @@ def test_a_name_found_while_not_leading_is_looked_at_again_not_dropped(tmp_path)
     # Not forgotten: back in the queue once a renewal could have made this process the leader
     # again (a brief lapse reports no change, so nothing else would queue it before the resync).
     assert c.queue.delayed() == 1
+
+
+class Candidate(Follower):
+    """A follower whose election loop may have stopped going round."""
+
+    running = True
+
+    def alive(self):
+        return self.running
+
+
+def test_healthz_names_a_stuck_worker_and_readyz_what_is_not_ready(tmp_path):
+    from cnpa_controller.health import Heartbeats
+
+    now = [0.0]
+    c = Controller(NoApi(), Settings(archive_dir=str(tmp_path), request_timeout=2.0),
+                   make_elector=Candidate, out=io.StringIO(), err=io.StringIO())
+    c.heartbeats = Heartbeats(clock=lambda: now[0])
+    assert c.wedge_seconds == 2 * 7 * 2.0 + 5
+    c.heartbeats.beat("main")
+    c.heartbeats.beat("worker-0")
+    assert c.healthz() == []
+    assert c.readyz() == [f"cache of {kind} not synced"
+                          for kind in ("TeamSpace", "Namespace", "ResourceQuota")]
+    for informer in c.caches.all:
+        informer.synced.set()
+    assert c.readyz() == ["workers not started"]
+    c.workers_started.set()
+    assert c.readyz() == []
+    c.elector.running = False
+    assert c.readyz() == ["leader election loop not running"]
+    c.elector.running = True
+    now[0] = 40.0
+    c.heartbeats.beat("main")   # the main loop goes on; worker-0 is stuck
+    assert c.healthz() == ["worker-0: stuck for 40 s (more than 33 s)"]
+    assert c.readyz() == c.healthz()

@@ -504,3 +504,17 @@ def test_a_lapse_of_the_fence_while_the_lease_is_ours_is_a_warning(world, caplog
     clock.t += 3.1   # no renewal for renew_seconds (slow or failing requests)
     a._report()
     assert "no renewal succeeded for 3 s" in caplog.text
+
+
+def test_alive_while_the_loop_goes_round_within_its_bound():
+    now = [100.0]
+    e = Elector(None, "ns", "l", ME, lease_seconds=10, renew_seconds=7, retry_seconds=2,
+                clock=lambda: now[0], wall=lambda: now[0])
+    assert not e.alive()   # run() has not started
+    e.stepped_at = now[0]
+    # A pause with its jitter and a step of two requests (each at most renew - retry seconds).
+    bound = 2 * (1 + leader.JITTER) + 2 * 5 + 1
+    now[0] += bound - 0.05
+    assert e.alive()
+    now[0] += 0.1
+    assert not e.alive()

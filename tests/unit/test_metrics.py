@@ -1,210 +1,303 @@
-"""cnpa_controller.metrics: the text exposition format 0.0.4, the HTTP endpoint, the textfile."""
+"""cnpa_controller.metrics (prometheus_client, a registry per controller), the HTTP endpoints
+(/metrics, /healthz, /readyz) and the textfile; cnpa_controller.health's pure parts."""
 
 from __future__ import annotations
 
 import os
+import socket
+import subprocess
 import sys
 import threading
 import urllib.error
 import urllib.request
 from pathlib import Path
 
+import prometheus_client
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
-from cnpa_controller import metrics as metrics_mod
-from cnpa_controller.metrics import Metrics
+from cnpa_controller import health
+from cnpa_controller.api import Api, ApiError, resource_of
+from cnpa_controller.metrics import KNOWN, Metrics
+from cnpa_controller.workqueue import WorkQueue
 
-DOCUMENTED = ("cnpa_passes_total", "cnpa_reconciles_total", "cnpa_writes_total", "cnpa_errors_total",
-              "cnpa_queue_depth", "cnpa_queue_timers", "cnpa_last_successful_sync_timestamp_seconds",
-              "cnpa_leader")
-
-
-def parse(text: str) -> dict:
-    """A strict reader of the format: {(name, frozenset(labels)): value}, with HELP/TYPE checks."""
-    samples, types = {}, {}
-    for line in text.splitlines():
-        if line.startswith("# TYPE "):
-            _, _, name, kind = line.split(" ", 3)
-            assert name not in types, f"second TYPE line for {name}"
-            types[name] = kind
-            continue
-        if line.startswith("# HELP "):
-            continue
-        assert line and not line.startswith("#"), line
-        head, value = line.rsplit(" ", 1)
-        if "{" in head:
-            name, rest = head.split("{", 1)
-            assert rest.endswith("}")
-            labels, i, body = {}, 0, rest[:-1]
-            while i < len(body):
-                eq = body.index("=", i)
-                key = body[i:eq]
-                assert body[eq + 1] == '"'
-                j, val = eq + 2, []
-                while body[j] != '"':
-                    if body[j] == "\\":
-                        val.append({"\\": "\\", '"': '"', "n": "\n"}[body[j + 1]])
-                        j += 2
-                    else:
-                        val.append(body[j])
-                        j += 1
-                labels[key] = "".join(val)
-                i = j + 1
-                if i < len(body):
-                    assert body[i] == ","
-                    i += 1
-        else:
-            name, labels = head, {}
-        assert name in types, f"sample {name} before its TYPE line"
-        samples[(name, frozenset(labels.items()))] = float(value)
-    return samples
+ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_documented_metrics_render_with_help_type_and_zero():
+def families(text: str) -> dict:
+    return {f.name: f for f in text_string_to_metric_families(text)}
+
+
+def sample(text: str, metric: str, **labels: str) -> float | None:
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            if s.name == metric and all(s.labels.get(k) == v for k, v in labels.items()):
+                return s.value
+    return None
+
+
+def test_known_metrics_render_with_their_types_and_process_metrics():
     text = Metrics().render()
-    for name in DOCUMENTED:
-        assert f"# HELP {name} " in text
-        kind = "counter" if name.endswith("_total") else "gauge"
-        assert f"# TYPE {name} {kind}\n" in text
-        assert name in metrics_mod.__doc__
-    samples = parse(text)
-    assert samples[("cnpa_leader", frozenset())] == 0
-    assert samples[("cnpa_passes_total", frozenset())] == 0
-    # labelled metrics have no sample until one is counted: no invented label values
-    assert not [k for k in samples if k[0] == "cnpa_writes_total"]
+    found = families(text)
+    for name, (kind, _help, _labels, _buckets) in KNOWN.items():
+        family = name[:-len("_total")] if kind == "counter" and name.endswith("_total") else name
+        if _labels and kind != "gauge":
+            continue   # a labelled counter or histogram has no series until first used
+        assert family in found, name
+        assert found[family].type == kind
+    assert sample(text, "cnpa_resyncs_total") == 0
+    assert sample(text, "cnpa_build_info", python=sys.version.split()[0]) == 1
+    assert "process_cpu_seconds_total" in text and "python_info" in text
+    if hasattr(prometheus_client, "disable_created_metrics"):   # 0.17 on; Debian 12 has 0.16
+        assert "_created" not in text
 
 
-def test_counters_and_gauges_with_labels():
+def test_each_metrics_has_its_own_registry():
+    a, b = Metrics(), Metrics()
+    a.inc("cnpa_resyncs_total", by=3)
+    assert a.get("cnpa_resyncs_total") == 3 and b.get("cnpa_resyncs_total") == 0
+
+
+def test_counters_gauges_histograms_with_labels():
     m = Metrics()
     m.inc("cnpa_writes_total", {"step": "quota", "op": "replace"})
     m.inc("cnpa_writes_total", {"op": "replace", "step": "quota"}, by=2)   # label order is irrelevant
-    m.inc("cnpa_writes_total", {"step": "namespace", "op": "create"})
-    m.inc("cnpa_passes_total")
-    m.set("cnpa_queue_depth", 17)
-    m.set("cnpa_queue_depth", 5)
     m.set("cnpa_last_successful_sync_timestamp_seconds", 1764858000.25)
-    m.set("cnpa_leader", 1)
-    samples = parse(m.render())
-    assert samples[("cnpa_writes_total", frozenset({"step": "quota", "op": "replace"}.items()))] == 3
-    assert samples[("cnpa_writes_total", frozenset({"step": "namespace", "op": "create"}.items()))] == 1
-    assert samples[("cnpa_passes_total", frozenset())] == 1
-    assert samples[("cnpa_queue_depth", frozenset())] == 5
-    assert samples[("cnpa_last_successful_sync_timestamp_seconds", frozenset())] == 1764858000.25
-    assert samples[("cnpa_leader", frozenset())] == 1
-    assert "cnpa_queue_depth 5\n" in m.render()
+    for seconds in (0.003, 0.2, 7):
+        m.observe("controller_runtime_reconcile_time_seconds", seconds, {"controller": "teamspace"})
+    text = m.render()
+    assert sample(text, "cnpa_writes_total", step="quota", op="replace") == 3
+    assert sample(text, "cnpa_last_successful_sync_timestamp_seconds") == 1764858000.25
+    assert sample(text, "controller_runtime_reconcile_time_seconds_count") == 3
+    assert sample(text, "controller_runtime_reconcile_time_seconds_bucket", le="0.25") == 2
+    with pytest.raises(ValueError):
+        m.inc("cnpa_last_successful_sync_timestamp_seconds")   # a gauge
 
 
-def test_label_values_are_escaped():
+def test_a_label_value_with_quotes_and_newlines_survives_the_format():
     m = Metrics()
     nasty = 'say "no"\\then\nnewline'
     m.inc("cnpa_errors_total", {"reason": nasty})
-    text = m.render()
-    assert 'cnpa_errors_total{reason="say \\"no\\"\\\\then\\nnewline"} 1\n' in text
-    assert parse(text)[("cnpa_errors_total", frozenset({"reason": nasty}.items()))] == 1
-    assert len(text.splitlines()) == len(Metrics().render().splitlines()) + 1
+    assert sample(m.render(), "cnpa_errors_total", reason=nasty) == 1
 
 
-def test_help_is_escaped_and_special_values():
-    m = Metrics(known={"x_seconds": ("gauge", "a\\b\nc", ())})
-    m.set("y", float("inf"))
-    m.set("z", float("nan"))
-    m.set("w", -0.5)
-    text = m.render()
-    assert "# HELP x_seconds a\\\\b\\nc\n" in text
-    assert "y +Inf\n" in text and "z NaN\n" in text and "w -0.5\n" in text
-
-
-def test_misuse_is_refused():
-    m = Metrics()
-    with pytest.raises(ValueError):
-        m.inc("cnpa_queue_depth")          # a gauge
-    with pytest.raises(ValueError):
-        m.set("cnpa_passes_total", 3)      # a counter
-    with pytest.raises(ValueError):
-        m.inc("cnpa_passes_total", by=-1)  # counters never go down
-    with pytest.raises(ValueError):
-        m.inc("bad-name")
-    with pytest.raises(ValueError):
-        m.inc("cnpa_errors_total", {"bad-label": "x"})
-
-
-def test_concurrent_increments_are_not_lost():
+def test_counting_from_many_threads_loses_nothing():
     m = Metrics()
 
     def work():
-        for _ in range(20000):
-            m.inc("cnpa_reconciles_total")
+        for _ in range(2000):
+            m.inc("cnpa_reconciles_total", {"result": "converged"})
 
-    # Switch threads as often as possible so that an unlocked read-add-write loses updates.
-    old = sys.getswitchinterval()
-    sys.setswitchinterval(1e-6)
-    try:
-        threads = [threading.Thread(target=work) for _ in range(4)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(timeout=60)
-    finally:
-        sys.setswitchinterval(old)
-    assert m.get("cnpa_reconciles_total") == 80000
+    threads = [threading.Thread(target=work) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert m.get("cnpa_reconciles_total", {"result": "converged"}) == 16000
 
 
-def test_http_endpoint_serves_metrics_only():
+def test_api_requests_are_counted_by_code_and_timed_by_resource():
+    class Answer:
+        def __init__(self, status):
+            self.status = status
+
+        def read(self):
+            return b"{}"
+
+        def release_conn(self):
+            pass
+
+    class Connection:
+        host = "https://127.0.0.1:6443"
+
+        def headers(self):
+            return {}
+
+        def send(self, method, url, body, headers, timeout):
+            if "/leases/" in url:
+                raise TimeoutError("no answer")
+            return Answer(404 if url.endswith("/missing") else 200)
+
+        def unauthorized(self):
+            pass
+
     m = Metrics()
-    m.set("cnpa_leader", 1)
-    server = m.serve("127.0.0.1", 0)
+    api = Api(connection=Connection())
+    api.observe = m.request
+    api.request("GET", "/apis/platform.labhub.io/v1alpha1/teamspaces/a")
+    with pytest.raises(ApiError):
+        api.request("GET", "/api/v1/namespaces/missing")
+    with pytest.raises(ApiError):
+        api.request("PUT", "/apis/coordination.k8s.io/v1/namespaces/cnpa-system/leases/cnpa-op")
+    text = m.render()
+    assert sample(text, "rest_client_requests_total", code="200", method="GET",
+                  host="127.0.0.1:6443") == 1
+    assert sample(text, "rest_client_requests_total", code="404", method="GET") == 1
+    assert sample(text, "rest_client_requests_total", code="<error>", method="PUT") == 1
+    assert sample(text, "rest_client_request_duration_seconds_count", verb="GET",
+                  resource="teamspaces") == 1
+    assert sample(text, "rest_client_request_duration_seconds_count", verb="PUT",
+                  resource="leases") == 1
+
+
+@pytest.mark.parametrize(("path", "resource"), [
+    ("/apis/platform.labhub.io/v1alpha1/teamspaces", "teamspaces"),
+    ("/apis/platform.labhub.io/v1alpha1/teamspaces/a/status?x=1", "teamspaces"),
+    ("/api/v1/namespaces", "namespaces"),
+    ("/api/v1/namespaces/team-a", "namespaces"),
+    ("/api/v1/namespaces/team-a/resourcequotas/team-quota", "resourcequotas"),
+    ("/api/v1/namespaces/default/events", "events"),
+    ("/api/v1/resourcequotas?fieldSelector=metadata.name%3Dteam-quota", "resourcequotas"),
+    ("/version", "other"),
+])
+def test_the_resource_of_a_request_path(path, resource):
+    assert resource_of(path) == resource
+
+
+def test_queue_metrics_time_the_wait_and_the_work():
+    now = [100.0]
+    m = Metrics()
+    q = WorkQueue(clock=lambda: now[0], metrics=m.queue())
+    m.watch(queue=q)
+    q.add("a")
+    q.add("a")   # de-duplicated: one add
+    q.add("b")
+    now[0] += 2
+    assert q.get() == "a"
+    assert sample(m.render(), "workqueue_depth", name="teamspace") == 1
+    now[0] += 3
+    assert q.longest_running() == 3
+    assert sample(m.render(), "workqueue_longest_running_processor_seconds") == 3
+    q.retry("a")
+    q.done("a")
+    text = m.render()
+    assert sample(text, "workqueue_adds_total", name="teamspace") == 2
+    assert sample(text, "workqueue_retries_total", name="teamspace") == 1
+    assert sample(text, "workqueue_queue_duration_seconds_sum") == 2
+    assert sample(text, "workqueue_work_duration_seconds_sum") == 3
+    assert sample(text, "cnpa_queue_timers") == 1
+    assert q.longest_running() == 0
+
+
+def test_http_endpoints_serve_metrics_and_health_checks():
+    m = Metrics()
+    problems: list[str] = ["cache of TeamSpace not synced"]
+    server = m.serve("127.0.0.1", 0, checks={"/healthz": lambda: [], "/readyz": lambda: problems})
+    base = f"http://127.0.0.1:{server.server_address[1]}"
     try:
-        port = server.server_address[1]
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as resp:
+        m.inc("cnpa_resyncs_total")
+        with urllib.request.urlopen(f"{base}/metrics", timeout=10) as resp:
             assert resp.status == 200
-            assert resp.headers["Content-Type"] == "text/plain; version=0.0.4; charset=utf-8"
-            body = resp.read().decode()
-        assert "cnpa_leader 1\n" in body
-        m.set("cnpa_leader", 0)   # each scrape renders the current values
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as resp:
-            assert "cnpa_leader 0\n" in resp.read().decode()
+            assert resp.headers["Content-Type"].startswith("text/plain; version=0.0.4")
+            assert sample(resp.read().decode(), "cnpa_resyncs_total") == 1
+        with urllib.request.urlopen(f"{base}/healthz", timeout=10) as resp:
+            assert resp.read() == b"ok\n"
         with pytest.raises(urllib.error.HTTPError) as err:
-            urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=10)
+            urllib.request.urlopen(f"{base}/readyz", timeout=10)
+        assert err.value.code == 500 and b"not synced" in err.value.read()
+        problems.clear()
+        with urllib.request.urlopen(f"{base}/readyz", timeout=10) as resp:
+            assert resp.status == 200
+        with pytest.raises(urllib.error.HTTPError) as err:
+            urllib.request.urlopen(f"{base}/", timeout=10)
         assert err.value.code == 404
     finally:
         server.shutdown()
         server.server_close()
 
 
-def test_textfile_is_written_atomically(tmp_path: Path, monkeypatch):
-    target = tmp_path / "cnpa_op.prom"
+def test_textfile_is_replaced_whole_and_readable_by_node_exporter(tmp_path: Path):
+    target = tmp_path / "cnpa-op.prom"
     m = Metrics()
-    m.inc("cnpa_passes_total", by=4)
-    m.write_textfile(target)
-    assert target.read_text() == m.render()
+    old = os.umask(0o077)   # the service's
+    try:
+        m.inc("cnpa_resyncs_total", by=4)
+        m.write_textfile(target)
+        first = target.stat().st_ino
+        m.inc("cnpa_resyncs_total")
+        m.write_textfile(str(target))
+    finally:
+        os.umask(old)
+    assert sample(target.read_text(), "cnpa_resyncs_total") == 5
     assert oct(target.stat().st_mode & 0o777) == "0o644"
-
-    # The file is replaced by rename, never rewritten in place: a reader holding the old file
-    # keeps a whole old version, and the collector never sees a partial one.
-    old_inode = target.stat().st_ino
-    synced = []
-    real_fsync = os.fsync
-    monkeypatch.setattr(metrics_mod.os, "fsync", lambda fd: (synced.append(fd), real_fsync(fd)))
-    m.inc("cnpa_passes_total")
-    m.write_textfile(str(target))
-    assert target.stat().st_ino != old_inode
-    assert "cnpa_passes_total 5\n" in target.read_text()
-    assert len(synced) == 2   # the data, then the directory entry
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["cnpa_op.prom"]   # no temporary left
+    # Replaced by rename, never rewritten in place: a reader keeps a whole older version.
+    assert target.stat().st_ino != first
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cnpa-op.prom"]
 
 
-def test_textfile_failure_leaves_old_file_and_no_temporary(tmp_path: Path, monkeypatch):
-    target = tmp_path / "cnpa_op.prom"
+def test_textfile_failure_leaves_the_old_file_and_no_temporary(tmp_path: Path, monkeypatch):
+    target = tmp_path / "cnpa-op.prom"
     m = Metrics()
     m.write_textfile(target)
     before = target.read_text()
-
-    def broken_replace(src, dst):
-        raise OSError("disk trouble")
-
-    monkeypatch.setattr(metrics_mod.os, "replace", broken_replace)
-    m.inc("cnpa_passes_total")
+    monkeypatch.setattr("cnpa_controller.metrics.os.replace",
+                        lambda src, dst: (_ for _ in ()).throw(OSError("disk trouble")))
+    m.inc("cnpa_resyncs_total")
     with pytest.raises(OSError):
         m.write_textfile(target)
     assert target.read_text() == before
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["cnpa_op.prom"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cnpa-op.prom"]
+
+
+def test_without_prometheus_client_the_controller_exits_3_naming_the_package(tmp_path):
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(
+        "apiVersion: v1\nkind: Config\nclusters: [{name: c, cluster: {server: 'https://127.0.0.1:1'}}]\n"
+        "users: [{name: u, user: {token: t}}]\ncontexts: [{name: x, context: {cluster: c, user: u}}]\n"
+        "current-context: x\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("CNPA_", "KUBECONFIG"))}
+    env.update(KUBECONFIG=str(kubeconfig), CNPA_ARCHIVE_DIR=str(tmp_path / "archive"))
+    # None in sys.modules makes `import prometheus_client` fail as if it were not installed.
+    code = ("import sys; sys.modules['prometheus_client'] = None; "
+            "from cnpa_controller.__main__ import main; sys.exit(main())")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 3, proc.stderr
+    assert "prometheus_client" in proc.stderr and "python3-prometheus-client" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+# -- health.py ---------------------------------------------------------------------------------
+
+def test_heartbeats_name_the_loops_silent_for_too_long():
+    now = [0.0]
+    beats = health.Heartbeats(clock=lambda: now[0])
+    beats.beat("main")
+    beats.beat("worker-0")
+    now[0] = 30
+    beats.beat("main")
+    assert beats.stale(20) == [("worker-0", 30)]
+    beats.forget("worker-0")
+    assert beats.stale(20) == []
+
+
+def test_the_wedge_bound_grows_with_the_request_timeout():
+    assert health.wedge_bound(10, 7) == 2 * 7 * 10 + health.WEDGE_MARGIN
+    assert health.wedge_bound(1, 7) < health.wedge_bound(10, 7)
+
+
+def test_notify_sends_one_datagram_to_the_notify_socket(tmp_path):
+    path = str(tmp_path / "notify")
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as server:
+        server.bind(path)
+        assert health.notify("WATCHDOG=1", {"NOTIFY_SOCKET": path})
+        assert server.recv(100) == b"WATCHDOG=1"
+    assert not health.notify("READY=1", {})
+    assert not health.notify("READY=1", {"NOTIFY_SOCKET": str(tmp_path / "none")})
+
+
+def test_the_watchdog_period_is_systemds_for_this_process_only():
+    assert health.watchdog_seconds({"WATCHDOG_USEC": "30000000"}) == 30
+    other = str(os.getpid() + 1)   # meant for another process (systemd's WATCHDOG_PID)
+    assert health.watchdog_seconds({"WATCHDOG_USEC": "30000000", "WATCHDOG_PID": other}) == 0
+    assert health.watchdog_seconds({}) == 0
+    assert health.tick_seconds(2) == 0.5 and health.tick_seconds(0) == 1
+
+
+def test_a_pass_never_imports_prometheus_client():
+    # What --once and --plan load (reconcile.sh runs a pass every few seconds; the import costs).
+    code = ("import sys, cnpa_controller.__main__, cnpa_controller.once; "
+            "print('prometheus_client' in sys.modules, 'kubernetes' in sys.modules)")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                          timeout=60, check=True)
+    assert proc.stdout.split() == ["False", "False"]

@@ -99,7 +99,8 @@ OPTIONS = (
      f"the Lease is acquired or renewed this often; less than --renew-seconds "
      f"(default: {leader.RETRY_SECONDS})", WATCH),
     ("--metrics-address", "CNPA_METRICS_ADDRESS", "HOST:PORT",
-     "serve Prometheus metrics on /metrics there (default: off)", WATCH),
+     "serve Prometheus metrics on /metrics there, and /healthz and /readyz (default: off; "
+     "the role serves them on 127.0.0.1:9808)", WATCH),
     ("--metrics-textfile", "CNPA_METRICS_TEXTFILE", "PATH",
      "file for node_exporter's textfile collector (default: off)", WATCH),
     ("--metrics-textfile-seconds", "CNPA_METRICS_TEXTFILE_SECONDS", "SECONDS",
@@ -362,17 +363,15 @@ def main(env: dict | None = None, argv: list | tuple = ()) -> int:
         return EXIT_CONFIG
     if args.once or args.plan:
         return one_pass(api, settings, plan_only=args.plan)
-    # Only the long-running controller serves metrics (http.server: a pass starts faster).
-    from .metrics import Metrics
+    # Only the long-running controller has metrics (prometheus_client: a pass starts faster).
+    try:
+        from .metrics import Metrics
+    except ImportError as exc:
+        log.error("%s", exc)
+        return EXIT_CONFIG
 
     api = Api(client, timeout=settings.write_timeout or settings.request_timeout)
     metrics = Metrics()
-    if conf["metrics_address"]:
-        try:
-            metrics.serve(*conf["metrics_address"])
-        except OSError as exc:
-            log.error("%s: cannot serve there: %s", named("CNPA_METRICS_ADDRESS", flags), exc)
-            return EXIT_CONFIG
 
     make_elector = None
     if conf["election"]:
@@ -397,6 +396,13 @@ def main(env: dict | None = None, argv: list | tuple = ()) -> int:
             return elector
 
     controller = Controller(api, settings, make_elector=make_elector, metrics=metrics)
+    if conf["metrics_address"]:
+        try:
+            metrics.serve(*conf["metrics_address"],
+                          checks={"/healthz": controller.healthz, "/readyz": controller.readyz})
+        except OSError as exc:
+            log.error("%s: cannot serve there: %s", named("CNPA_METRICS_ADDRESS", flags), exc)
+            return EXIT_CONFIG
 
     def on_signal(signum, frame):
         # Nothing else here: a handler that logged could wait forever on the log handler's lock

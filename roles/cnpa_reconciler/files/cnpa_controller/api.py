@@ -52,6 +52,21 @@ def _status_error(status: int, data: bytes) -> ApiError:
     return ApiError(status, "", data[:500].decode("utf-8", "replace").strip() or f"HTTP {status}")
 
 
+def resource_of(path: str) -> str:
+    """The resource a request path names (teamspaces, namespaces, leases, ...): the label of the
+    request latency metric, which must not carry object names (one series per object)."""
+    parts = [p for p in path.split("?", 1)[0].split("/") if p]
+    if parts[:1] == ["api"]:
+        rest = parts[2:]
+    elif parts[:1] == ["apis"]:
+        rest = parts[3:]
+    else:
+        return "other"
+    if len(rest) >= 3 and rest[0] == "namespaces":
+        rest = rest[2:]   # a namespaced resource; namespaces/NAME alone is the namespace itself
+    return rest[0] if rest else "other"
+
+
 def path_of(obj: dict, *, collection: bool = False, subresource: str = "") -> str:
     """The URL path of an object (or of its collection) from its apiVersion, kind and metadata.
     Only the kinds this controller touches are known: a new kind must be added here on purpose."""
@@ -415,6 +430,9 @@ class Api:
                  connection: Any = None) -> None:
         self.connection = connection or _ClientConnection(api_client)
         self.timeout = timeout
+        # observe(host, method, resource, code, seconds) after every request: the long-running
+        # controller's metrics (metrics.Metrics.request); a pass has none.
+        self.observe: Any = None
 
     def open(self, method: str, path: str, *, query: dict | None = None, body: Any = None,
              content_type: str | None = None, timeout: Any = None):
@@ -430,11 +448,14 @@ class Api:
         headers = {"Accept": "application/json", **self.connection.headers()}
         if content_type:
             headers["Content-Type"] = content_type
+        began = time.monotonic()
         try:
             resp = self.connection.send(method, url, data, headers,
                                         self.timeout if timeout is None else timeout)
         except Exception as exc:  # no connection, timeout, TLS
+            self._observed(method, path, "<error>", began)
             raise ApiError(0, "", f"{method} {path}: {type(exc).__name__}: {exc}") from exc
+        self._observed(method, path, str(resp.status), began)
         if resp.status >= 400:
             try:
                 data = resp.read()
@@ -447,6 +468,11 @@ class Api:
                 self.connection.unauthorized()
             raise _status_error(resp.status, data)
         return resp
+
+    def _observed(self, method: str, path: str, code: str, began: float) -> None:
+        if self.observe is not None:
+            self.observe(self.connection.host, method, resource_of(path), code,
+                         time.monotonic() - began)
 
     def request(self, method: str, path: str, *, query: dict | None = None, body: Any = None,
                 content_type: str | None = None, timeout: Any = None) -> dict:

@@ -10,9 +10,9 @@ exist and report them as somebody else's.
 Every process keeps its caches warm, leader or not, so a process that becomes the leader queues
 every TeamSpace and reconciles at once, without listing anything.
 
-Metrics: the names and labels are metrics.KNOWN's (cnpa_passes_total, cnpa_reconciles_total{result},
-cnpa_writes_total{step,op}, cnpa_errors_total{reason}, cnpa_queue_depth, cnpa_queue_timers,
-cnpa_last_successful_sync_timestamp_seconds, cnpa_leader).
+The main loop starts the workers once the caches have synced, touches its heartbeat every tick
+and feeds systemd's watchdog while healthz() finds nothing wrong (health.py). Metrics: the names
+and labels are metrics.KNOWN's and those its collector reads from the caches and the queue.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from . import plan
+from . import health, plan
 from .api import DEFAULT_TIMEOUT, Api
 from .cache import Caches
 from .executor import Executor
@@ -114,8 +114,26 @@ class NoMetrics:
     def set(self, name: str, value: float, labels: dict | None = None) -> None:
         pass
 
+    def observe(self, name: str, value: float, labels: dict | None = None) -> None:
+        pass
+
+    def queue(self, name: str = "") -> None:
+        return None
+
+    def watch(self, **objects) -> None:
+        pass
+
+    request = None
+
     def write_textfile(self, path: str) -> None:
         pass
+
+
+# controller-runtime's result label for each of ours (cnpa_reconciles_total's).
+RUNTIME_RESULT = {"converged": "success", "written": "success", "problem": "success",
+                  "gone": "success", "failed": "error", "internal_error": "error",
+                  "not_leader": "requeue_after"}
+CONTROLLER = "teamspace"
 
 
 def utc_now() -> str:
@@ -131,11 +149,20 @@ class Controller:
         self.out = out or sys.stdout
         self._print_lock = threading.Lock()
         self.metrics = metrics or NoMetrics()
-        # The elector tells this controller when leadership changes (on_change).
-        self.elector = (make_elector or AlwaysLeader)(self.leader_changed)
         self.stop = threading.Event()
         self.exit_status = EXIT_OK
-        self.queue = WorkQueue(retry_cap=settings.retry_max_seconds)
+        self.queue = WorkQueue(retry_cap=settings.retry_max_seconds, metrics=self.metrics.queue())
+        self.heartbeats = health.Heartbeats()
+        self.wedge_seconds = health.wedge_bound(settings.request_timeout, len(plan.STEPS))
+        self.workers_started = threading.Event()
+        self.metrics.set("controller_runtime_max_concurrent_reconciles", settings.workers,
+                         {"controller": CONTROLLER})
+        if self.metrics.request is not None:
+            api.observe = self.metrics.request
+        # The elector tells this controller when leadership changes (on_change, from run() on).
+        self.elector = (make_elector or AlwaysLeader)(self.leader_changed)
+        self.lease_name = getattr(self.elector, "name", "") or "none"
+        self.metrics.set("leader_election_master_status", 0, {"name": self.lease_name})
         self.caches = Caches(api, self.queue.add, page_size=settings.list_page_size,
                              watch_timeout=settings.watch_timeout_seconds,
                              request_timeout=max(settings.request_timeout, 30.0))
@@ -144,6 +171,7 @@ class Controller:
                                  archive_namespace=settings.archive_namespace,
                                  may_write=self.elector.is_leader, observe=self.caches.observe,
                                  say=self.say, count=self._count)
+        self.metrics.watch(caches=self.caches, queue=self.queue)
 
     # -- output (the journal) --------------------------------------------------------------
     def say(self, name: str, what: str) -> None:
@@ -160,7 +188,9 @@ class Controller:
             log.info("became the leader")
         else:
             log.warning("lost the leadership; not writing")
-        self.metrics.set("cnpa_leader", 1 if leading else 0)
+        lease = {"name": self.lease_name}
+        self.metrics.set("leader_election_master_status", 1 if leading else 0, lease)
+        self.metrics.inc("cnpa_leader_transitions_total", lease)
         if leading:
             # Whatever changed while another process led (or none did) is reconciled now.
             self.enqueue_all()
@@ -170,7 +200,6 @@ class Controller:
         and this one queues everything anyway when it becomes leader; but leadership can also
         lapse for a moment and come back without a change being reported (a slow renewal), so
         the name is looked at again once a renewal could have happened."""
-        self.metrics.inc("cnpa_reconciles_total", {"result": "not_leader"})
         self.queue.add_after(name, self.settings.not_leader_retry_seconds)
 
     def enqueue_all(self) -> None:
@@ -178,24 +207,24 @@ class Controller:
             self.queue.add(name)
 
     # -- one TeamSpace ---------------------------------------------------------------------
-    def reconcile(self, name: str) -> None:
+    def reconcile(self, name: str) -> str:
+        """Reconcile one TeamSpace; the result (cnpa_reconciles_total's label, or gone)."""
         teamspace, namespace, quota = self.caches.state(name)
         if teamspace is None:
             self.queue.forget(name)  # gone: its namespace goes with it (ownerReference)
-            return
+            return "gone"
         now = utc_now()
         writes = plan.plan(teamspace, namespace, quota, now)
         if not writes:
             self.queue.forget(name)
-            self.metrics.inc("cnpa_reconciles_total", {"result": "converged"})
-            return
+            return "converged"
         if not self.elector.is_leader():
             self._not_leader(name)
-            return
+            return "not_leader"
         result = self.executor.execute(teamspace, writes, now)
         if result.not_leader:
             self._not_leader(name)
-            return
+            return "not_leader"
         if result.archive_broken:
             self.exit_status = EXIT_ARCHIVE
             log.error("archive directory %s is missing or was replaced; exiting with status 4 so "
@@ -203,36 +232,50 @@ class Controller:
             self.stop.set()
         if result.failed:
             delay = self.queue.retry(name)
-            self.metrics.inc("cnpa_reconciles_total", {"result": "failed"})
             log.info("TeamSpace %s: retrying in %.1f s", name, delay, extra=about(name))
-        else:
-            self.queue.forget(name)
-            self.metrics.inc("cnpa_reconciles_total",
-                             {"result": "problem" if result.problems else "written"})
-            self.metrics.set("cnpa_last_successful_sync_timestamp_seconds", time.time())
+            return "failed"
+        self.queue.forget(name)
+        self.metrics.set("cnpa_last_successful_sync_timestamp_seconds", time.time())
+        return "problem" if result.problems else "written"
 
-    def worker(self) -> None:
-        while not self.stop.is_set():
-            name = self.queue.get(timeout=1.0)
-            if name is None:
-                continue
-            try:
-                self.reconcile(name)
-            except Exception:
-                # One bad object never stops the others: logged, retried with backoff.
-                log.exception("TeamSpace %s: internal error, retrying:", name, extra=about(name))
-                self.metrics.inc("cnpa_errors_total", {"reason": "InternalError"})
-                self.queue.retry(name)
-            finally:
-                self.queue.done(name)
-                self.metrics.set("cnpa_queue_depth", len(self.queue))
-                self.metrics.set("cnpa_queue_timers", self.queue.timers())
+    def worker(self, who: str) -> None:
+        try:
+            while not self.stop.is_set():
+                self.heartbeats.beat(who)
+                name = self.queue.get(timeout=1.0)
+                if name is None:
+                    continue
+                began = time.monotonic()
+                try:
+                    result = self.reconcile(name)
+                except Exception:
+                    # One bad object never stops the others: logged, retried with backoff.
+                    log.exception("TeamSpace %s: internal error, retrying:", name,
+                                  extra=about(name))
+                    self.metrics.inc("cnpa_errors_total", {"reason": "InternalError"})
+                    self.queue.retry(name)
+                    result = "internal_error"
+                finally:
+                    self.queue.done(name)
+                self._reconciled(result, time.monotonic() - began)
+        finally:
+            self.heartbeats.forget(who)   # a worker that ended at shutdown is not wedged
+
+    def _reconciled(self, result: str, seconds: float) -> None:
+        runtime = {"controller": CONTROLLER}
+        self.metrics.observe("controller_runtime_reconcile_time_seconds", seconds, runtime)
+        self.metrics.inc("controller_runtime_reconcile_total",
+                         {**runtime, "result": RUNTIME_RESULT[result]})
+        if RUNTIME_RESULT[result] == "error":
+            self.metrics.inc("controller_runtime_reconcile_errors_total", runtime)
+        if result not in ("gone", "internal_error"):
+            self.metrics.inc("cnpa_reconciles_total", {"result": result})
 
     def resync(self) -> None:
         """Every resync period, every TeamSpace is queued: a change no event reported (or one
         missed) is still found. From the cache: no list request."""
         while not self.stop.wait(self.settings.resync_seconds):
-            self.metrics.inc("cnpa_passes_total")
+            self.metrics.inc("cnpa_resyncs_total")
             self.enqueue_all()
 
     def textfile(self) -> None:
@@ -245,6 +288,26 @@ class Controller:
         except OSError as exc:
             log.warning("cannot write the metrics textfile: %s", exc)
 
+    # -- health ------------------------------------------------------------------------------
+    def healthz(self) -> list[str]:
+        """What makes this process unhealthy (nothing: healthy); health.py says what counts."""
+        return [f"{who}: stuck for {age:.0f} s (more than {self.wedge_seconds:g} s)"
+                for who, age in self.heartbeats.stale(self.wedge_seconds)]
+
+    def readyz(self) -> list[str]:
+        problems = self.healthz()
+        if self.stop.is_set():
+            problems.append("stopping")
+        if not self.caches.synced():
+            problems += [f"cache of {inf.kind} not synced" for inf in self.caches.all
+                         if not inf.synced.is_set()]
+        elif not self.workers_started.is_set():
+            problems.append("workers not started")
+        alive = getattr(self.elector, "alive", None)
+        if alive is not None and not alive():
+            problems.append("leader election loop not running")
+        return problems
+
     # -- the whole run -----------------------------------------------------------------------
     def run(self) -> int:
         threads = [threading.Thread(target=self.elector.run, args=(self.stop,), name="elector",
@@ -252,13 +315,31 @@ class Controller:
         threads[0].start()
         self.caches.start(self.stop)
         log.info("listing TeamSpaces, namespaces and quotas")
-        if not self.caches.wait_synced(self.stop):
-            return self.shutdown(threads)
+        watchdog = health.watchdog_seconds()
+        # Started, not synced: an API server that is down at boot must not fail the start;
+        # /readyz tells when the caches are in.
+        health.notify("READY=1")
+        tick = health.tick_seconds(watchdog)
+        while True:
+            self.heartbeats.beat("main")
+            if not self.workers_started.is_set() and self.caches.synced():
+                threads += self._start_workers()
+            if watchdog and not self.healthz():
+                health.notify("WATCHDOG=1")
+            # Polled more often until the workers run: they start soon after the caches sync.
+            if self.stop.wait(tick if self.workers_started.is_set() else min(tick, 0.2)):
+                break
+        health.notify("STOPPING=1")
+        return self.shutdown(threads)
+
+    def _start_workers(self) -> list[threading.Thread]:
         log.info("caches synced: %d TeamSpaces, %d namespaces, %d quotas",
                  len(self.caches.teamspaces), len(self.caches.namespaces), len(self.caches.quotas))
         self.metrics.set("cnpa_last_successful_sync_timestamp_seconds", time.time())
+        threads = []
         for i in range(self.settings.workers):
-            t = threading.Thread(target=self.worker, name=f"worker-{i}", daemon=True)
+            t = threading.Thread(target=self.worker, args=(f"worker-{i}",), name=f"worker-{i}",
+                                 daemon=True)
             t.start()
             threads.append(t)
         extra = [self.resync]
@@ -268,8 +349,8 @@ class Controller:
             t = threading.Thread(target=target, name=target.__name__, daemon=True)
             t.start()
             threads.append(t)
-        self.stop.wait()
-        return self.shutdown(threads)
+        self.workers_started.set()
+        return threads
 
     def shutdown(self, threads: list) -> int:
         """Stop taking names, let the passes under way finish (bounded by their requests'

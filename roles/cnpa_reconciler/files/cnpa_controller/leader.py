@@ -179,6 +179,7 @@ class Elector:
         self._reported = False
         self._released = False
         self.transitions_seen = 0
+        self.stepped_at = float("-inf")   # our clock when run() last went round (alive())
         self.lease_uid = ""   # for lease_event(..., uid=elector.lease_uid)
 
     @property
@@ -195,6 +196,7 @@ class Elector:
         """Campaign and renew until stop is set (or release() was called). Never raises."""
         log.info("%s: candidate for lease %s", self.identity, self.describe())
         while not stop.is_set() and not self._released:
+            self.stepped_at = self._clock()
             self._report()   # a fence that lapsed while we waited is news before the next try
             began = self._clock()
             try:
@@ -213,6 +215,13 @@ class Elector:
                 pause = self.retry_seconds * (1 + JITTER * random.random())
             stop.wait(max(0.0, pause))
         self._report()
+
+    def alive(self) -> bool:
+        """run() went round recently: a step (a read and a write, each bounded by the request
+        timeout) and the longest pause between two ago, with a second to spare. False when it
+        stopped or hangs: this process could then neither renew nor take over (/readyz)."""
+        bound = self.retry_seconds * (1 + JITTER) + 2 * self._timeout + 1
+        return self._clock() - self.stepped_at <= bound
 
     def release(self) -> None:
         """Stop acting as leader and, if the Lease is still ours, free it so another takes over at

@@ -1,150 +1,273 @@
-"""The controller's metrics, in the Prometheus text exposition format 0.0.4.
+"""The long-running controller's metrics, with prometheus_client, and its HTTP endpoints.
 
-Read them either way (no client library needed on the host):
-- a Prometheus scrape of http://HOST:PORT/metrics (Metrics.serve), or
-- node_exporter's textfile collector: Metrics.write_textfile(DIR/cnpa_op.prom), replaced atomically
-  so the collector never reads half a file.
+Only the long-running controller imports this module (a pass, reconcile.sh's, never does: the
+import costs more than an idle pass). Every Metrics has a registry of its own, so that several
+controllers in one process (tests) do not share series.
 
-What the controller exports:
+Read them either way:
+- a Prometheus scrape of http://HOST:PORT/metrics (serve(), CNPA_METRICS_ADDRESS), which serves
+  /healthz and /readyz beside it (health.py), or
+- node_exporter's textfile collector: write_textfile(DIR/cnpa-op.prom), replaced atomically.
 
-- cnpa_passes_total (counter): resyncs, each queueing every cached TeamSpace.
-- cnpa_reconciles_total{result} (counter): TeamSpaces reconciled, by result: converged (nothing
-  to write), written, problem (written, with a problem reported), failed (retried), not_leader
-  (something to write, but another process leads).
-- cnpa_writes_total{step,op} (counter): API writes sent, by plan step (finalizer, namespace,
-  quota, status, ...) and operation (create, patch, replace, delete, ...).
-- cnpa_errors_total{reason} (counter): failures, by reason (the plan's and the executor's Event
-  reasons, api, conflict, ...).
-- cnpa_queue_depth (gauge): TeamSpaces waiting in the work queue.
-- cnpa_queue_timers (gauge): delayed retries pending (at most one that counts per TeamSpace, plus
-  superseded ones until they are due; a count that grows with uptime is a leak).
-- cnpa_last_successful_sync_timestamp_seconds (gauge): Unix time of the caches' sync or of the
-  last TeamSpace reconciled without failure.
-- cnpa_leader (gauge): 1 while this process holds the Lease and may write, else 0.
-
-Names not in this list may be used too (inc() makes a counter, set() a gauge) and are rendered
-without help text; the unlabelled ones above are rendered as 0 until first set.
+The names are controller-runtime's and client-go's where they measure the same thing, so that
+dashboards and alerts made for Go controllers fit; cnpa_* for the rest. docs/operations.md has
+the table; KNOWN below is the list.
 """
 
 from __future__ import annotations
 
-import http.server
-import math
 import os
-import re
-import tempfile
+import platform
+import sys
 import threading
+from typing import Any, Callable
+from urllib.parse import urlsplit
 
-CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
-NAME = re.compile(r"^[a-zA-Z_:][a-zA-Z0-9_:]*$")
-LABEL = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
+try:
+    import prometheus_client
+    from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+except ImportError as exc:  # __main__ turns this into exit status 3 and this message
+    raise ImportError(
+        "the Python package prometheus_client is not installed for this interpreter "
+        f"({sys.executable}); the long-running controller needs it (Debian: "
+        "python3-prometheus-client; pip: prometheus-client; docs/target.md)") from exc
 
-# name -> (type, help, label names)
-KNOWN: dict[str, tuple[str, str, tuple[str, ...]]] = {
-    "cnpa_passes_total": ("counter", "Resyncs, each queueing every cached TeamSpace.", ()),
-    "cnpa_reconciles_total": ("counter", "TeamSpaces reconciled, by result.", ("result",)),
-    "cnpa_writes_total": ("counter", "API writes sent, by plan step and operation.", ("step", "op")),
-    "cnpa_errors_total": ("counter", "Failures, by reason.", ("reason",)),
-    "cnpa_queue_depth": ("gauge", "TeamSpaces waiting in the work queue.", ()),
-    "cnpa_queue_timers": ("gauge", "Delayed retries pending, superseded ones included.", ()),
+CONTROLLER = "teamspace"   # controller-runtime's controller label
+QUEUE = "teamspace"        # client-go's work queue name label
+
+# controller-runtime's buckets for reconcile time, client-go's for queue and work durations
+# (ExponentialBuckets(10e-9, 10, 10)) and for request latency.
+RECONCILE_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.35, 0.4, 0.45, 0.5,
+                     0.6, 0.7, 0.8, 0.9, 1.0, 1.25, 1.5, 1.75, 2.0, 2.5, 3.0, 3.5, 4.0, 4.5, 5,
+                     6, 7, 8, 9, 10, 15, 20, 25, 30, 40, 50, 60)
+QUEUE_BUCKETS = tuple(1e-8 * 10 ** i for i in range(10))
+REQUEST_BUCKETS = (0.005, 0.025, 0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 15.0, 30.0, 60.0)
+
+# name -> (type, help, label names, histogram buckets)
+KNOWN: dict[str, tuple[str, str, tuple[str, ...], tuple[float, ...]]] = {
+    "controller_runtime_reconcile_total": (
+        "counter", "Reconciles, by result: success, error, requeue_after (another process "
+        "leads).", ("controller", "result"), ()),
+    "controller_runtime_reconcile_errors_total": (
+        "counter", "Reconciles that failed and are retried with backoff.", ("controller",), ()),
+    "controller_runtime_reconcile_time_seconds": (
+        "histogram", "Time of one reconcile of one TeamSpace.", ("controller",), RECONCILE_BUCKETS),
+    "controller_runtime_max_concurrent_reconciles": (
+        "gauge", "Workers (CNPA_WORKERS).", ("controller",), ()),
+    "workqueue_adds_total": ("counter", "Names added to the work queue.", ("name",), ()),
+    "workqueue_retries_total": (
+        "counter", "Names queued again after a failure (with backoff).", ("name",), ()),
+    "workqueue_queue_duration_seconds": (
+        "histogram", "Time a name waited in the queue before a worker took it.", ("name",),
+        QUEUE_BUCKETS),
+    "workqueue_work_duration_seconds": (
+        "histogram", "Time a worker spent on a name taken from the queue.", ("name",),
+        QUEUE_BUCKETS),
+    "rest_client_requests_total": (
+        "counter", "API requests, by status code (<error>: no answer), method and host.",
+        ("code", "method", "host"), ()),
+    "rest_client_request_duration_seconds": (
+        "histogram", "API request latency until the answer's headers, by verb and resource.",
+        ("verb", "resource"), REQUEST_BUCKETS),
+    "leader_election_master_status": (
+        "gauge", "1 while this process holds the Lease and may write, else 0.", ("name",), ()),
+    "cnpa_leader_transitions_total": (
+        "counter", "Times this process became or stopped being the leader.", ("name",), ()),
+    "cnpa_resyncs_total": ("counter", "Resyncs, each queueing every cached TeamSpace.", (), ()),
+    "cnpa_reconciles_total": (
+        "counter", "TeamSpaces reconciled, by result: converged, written, problem, failed, "
+        "not_leader.", ("result",), ()),
+    "cnpa_writes_total": ("counter", "API writes sent, by plan step and operation.",
+                          ("step", "op"), ()),
+    "cnpa_errors_total": ("counter", "Failures, by reason.", ("reason",), ()),
     "cnpa_last_successful_sync_timestamp_seconds": (
-        "gauge", "Unix time of the caches' sync or of the last TeamSpace reconciled without failure.", ()),
-    "cnpa_leader": ("gauge", "1 while this process holds the Lease and may write, else 0.", ()),
+        "gauge", "Unix time of the caches' sync or of the last TeamSpace reconciled without "
+        "failure.", (), ()),
+    "cnpa_build_info": ("gauge", "Always 1; the controller's version and Python's.",
+                        ("version", "python"), ()),
 }
 
-
-def escape_label_value(value: str) -> str:
-    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+_KINDS = {"counter": Counter, "gauge": Gauge, "histogram": Histogram}
 
 
-def escape_help(text: str) -> str:
-    return text.replace("\\", "\\\\").replace("\n", "\\n")
+def _version() -> str:
+    return str(getattr(sys.modules.get(__package__ or ""), "__version__", "") or "unknown")
 
 
-def format_value(value: float) -> str:
-    if math.isnan(value):
-        return "NaN"
-    if math.isinf(value):
-        return "+Inf" if value > 0 else "-Inf"
-    if float(value).is_integer() and abs(value) < 2 ** 53:
-        return str(int(value))
-    return repr(float(value))
+class _Collected:
+    """Series read when scraped from the objects that hold the numbers (the caches, the queue),
+    instead of copied into gauges after every change."""
+
+    def __init__(self) -> None:
+        self.caches: Any = None
+        self.queue: Any = None
+
+    def describe(self) -> list:
+        return []
+
+    def collect(self):
+        if self.caches is not None:
+            restarts = CounterMetricFamily(
+                "cnpa_watch_restarts", "Watches started again after the first (resumed after "
+                "the server ended one, or after a break).", labels=["resource"])
+            relists = CounterMetricFamily(
+                "cnpa_relists", "Full lists after the first (a watch's resourceVersion expired, "
+                "or a list failed).", labels=["resource"])
+            objects = GaugeMetricFamily("cnpa_cache_objects", "Objects in each cache.",
+                                        labels=["resource"])
+            synced = GaugeMetricFamily("cnpa_cache_synced", "1 once the cache has been listed.",
+                                       labels=["resource"])
+            for informer in self.caches.all:
+                resource = informer.path.rsplit("/", 1)[-1]
+                restarts.add_metric([resource], max(0, informer.watches - 1))
+                relists.add_metric([resource], max(0, informer.relists - 1))
+                objects.add_metric([resource], len(informer))
+                synced.add_metric([resource], 1 if informer.synced.is_set() else 0)
+            yield from (restarts, relists, objects, synced)
+        if self.queue is not None:
+            depth = GaugeMetricFamily("workqueue_depth", "Names waiting in the work queue.",
+                                      labels=["name"])
+            depth.add_metric([QUEUE], len(self.queue))
+            longest = GaugeMetricFamily(
+                "workqueue_longest_running_processor_seconds",
+                "How long the longest-running worker has been on its current name.",
+                labels=["name"])
+            longest.add_metric([QUEUE], self.queue.longest_running())
+            timers = GaugeMetricFamily(
+                "cnpa_queue_timers", "Delayed retries pending, superseded ones included (a count "
+                "that grows with uptime is a leak).")
+            timers.add_metric([], self.queue.timers())
+            yield from (depth, longest, timers)
+
+
+class QueueMetrics:
+    """client-go's work queue metrics, as WorkQueue reports them."""
+
+    def __init__(self, metrics: Metrics, name: str) -> None:
+        self._adds = metrics.metric("workqueue_adds_total").labels(name)
+        self._retries = metrics.metric("workqueue_retries_total").labels(name)
+        self._waited = metrics.metric("workqueue_queue_duration_seconds").labels(name)
+        self._worked = metrics.metric("workqueue_work_duration_seconds").labels(name)
+
+    def added(self) -> None:
+        self._adds.inc()
+
+    def retried(self) -> None:
+        self._retries.inc()
+
+    def taken(self, waited: float) -> None:
+        self._waited.observe(waited)
+
+    def done(self, worked: float) -> None:
+        self._worked.observe(worked)
 
 
 class Metrics:
-    """Counters and gauges with labels, safe to update from several threads."""
+    """The controller's series in a registry of their own, safe to update from several threads."""
 
-    def __init__(self, known: dict[str, tuple[str, str, tuple[str, ...]]] | None = None) -> None:
+    def __init__(self) -> None:
+        if hasattr(prometheus_client, "disable_created_metrics"):
+            # Not an instance setting: the *_created series would double every counter and
+            # histogram; no dashboard of these metrics reads them.
+            prometheus_client.disable_created_metrics()
+        self.registry = CollectorRegistry()
         self._lock = threading.Lock()
-        self._types: dict[str, str] = {}
-        self._help: dict[str, str] = {}
-        self._samples: dict[str, dict[tuple[tuple[str, str], ...], float]] = {}
-        for name, (kind, text, labels) in (KNOWN if known is None else known).items():
-            self._declare(name, kind, text)
-            if not labels:
-                self._samples[name][()] = 0.0
+        self._metrics: dict[str, Any] = {}
+        for name, (kind, text, labels, buckets) in KNOWN.items():
+            self._declare(name, kind, text, labels, buckets)
+        self._metrics["cnpa_build_info"].labels(_version(), platform.python_version()).set(1)
+        self._collected = _Collected()
+        self.registry.register(self._collected)
+        prometheus_client.ProcessCollector(registry=self.registry)
+        prometheus_client.PlatformCollector(registry=self.registry)
 
-    def _declare(self, name: str, kind: str, text: str = "") -> None:
-        if not NAME.match(name):
-            raise ValueError(f"invalid metric name {name!r}")
-        self._types[name] = kind
-        self._help[name] = text
-        self._samples.setdefault(name, {})
+    def _declare(self, name: str, kind: str, text: str, labels: tuple[str, ...],
+                 buckets: tuple[float, ...] = ()) -> Any:
+        options: dict[str, Any] = {"buckets": buckets} if buckets else {}
+        metric = _KINDS[kind](name, text, labels, registry=self.registry, **options)
+        self._metrics[name] = metric
+        return metric
 
-    def _key(self, name: str, labels: dict | None, kind: str) -> tuple[tuple[str, str], ...]:
-        if name not in self._types:
-            self._declare(name, kind)
-        elif self._types[name] != kind:
-            raise ValueError(f"{name} is a {self._types[name]}, not a {kind}")
-        key = tuple(sorted((str(k), str(v)) for k, v in (labels or {}).items()))
-        for label, _value in key:
-            if not LABEL.match(label) or label.startswith("__"):
-                raise ValueError(f"invalid label name {label!r} on {name}")
-        return key
-
-    def inc(self, name: str, labels: dict | None = None, by: float = 1) -> None:
-        if by < 0:
-            raise ValueError(f"counter {name} cannot decrease")
+    def metric(self, name: str, kind: str = "counter", labels: tuple[str, ...] = ()) -> Any:
+        """The prometheus_client metric of that name; one not in KNOWN is made on first use."""
         with self._lock:
-            key = self._key(name, labels, "counter")
-            self._samples[name][key] = self._samples[name].get(key, 0.0) + by
+            metric = self._metrics.get(name)
+            if metric is None:
+                metric = self._declare(name, kind, "", labels)
+        return metric
+
+    def _child(self, name: str, kind: str, labels: dict | None) -> Any:
+        labels = {str(k): str(v) for k, v in (labels or {}).items()}
+        metric = self.metric(name, kind, tuple(sorted(labels)))
+        if metric._type != kind:
+            raise ValueError(f"{name} is a {metric._type}, not a {kind}")
+        return metric.labels(**labels) if labels else metric
+
+    # -- updates (the methods controller.NoMetrics has too) ------------------------------------
+    def inc(self, name: str, labels: dict | None = None, by: float = 1) -> None:
+        self._child(name, "counter", labels).inc(by)
 
     def set(self, name: str, value: float, labels: dict | None = None) -> None:
-        with self._lock:
-            key = self._key(name, labels, "gauge")
-            self._samples[name][key] = float(value)
+        self._child(name, "gauge", labels).set(value)
 
+    def observe(self, name: str, value: float, labels: dict | None = None) -> None:
+        self._child(name, "histogram", labels).observe(value)
+
+    def queue(self, name: str = QUEUE) -> QueueMetrics:
+        return QueueMetrics(self, name)
+
+    def watch(self, *, caches: Any = None, queue: Any = None) -> None:
+        """Read these objects' own numbers when scraped (see _Collected)."""
+        self._collected.caches = caches if caches is not None else self._collected.caches
+        self._collected.queue = queue if queue is not None else self._collected.queue
+
+    def request(self, host: str, method: str, resource: str, code: str, seconds: float) -> None:
+        """One API request (api.Api.observe): client-go's rest_client metrics."""
+        self._metrics["rest_client_requests_total"].labels(code, method, host_of(host)).inc()
+        self._metrics["rest_client_request_duration_seconds"].labels(method, resource).observe(
+            seconds)
+
+    # -- reading -----------------------------------------------------------------------------
     def get(self, name: str, labels: dict | None = None) -> float | None:
-        key = tuple(sorted((str(k), str(v)) for k, v in (labels or {}).items()))
-        with self._lock:
-            return self._samples.get(name, {}).get(key)
+        """A sample's value as exposed (a counter's name ends in _total), None if absent."""
+        return self.registry.get_sample_value(name, {str(k): str(v)
+                                                     for k, v in (labels or {}).items()})
 
     def render(self) -> str:
-        lines: list[str] = []
-        with self._lock:
-            for name in sorted(self._types):
-                if self._help[name]:
-                    lines.append(f"# HELP {name} {escape_help(self._help[name])}")
-                lines.append(f"# TYPE {name} {self._types[name]}")
-                for key, value in sorted(self._samples[name].items()):
-                    labels = ",".join(f'{k}="{escape_label_value(v)}"' for k, v in key)
-                    lines.append(f"{name}{{{labels}}} {format_value(value)}" if labels
-                                 else f"{name} {format_value(value)}")
-        return "\n".join(lines) + "\n"
+        return prometheus_client.generate_latest(self.registry).decode("utf-8")
 
-    def serve(self, host: str, port: int) -> http.server.ThreadingHTTPServer:
-        """Serve GET /metrics on host:port from a daemon thread; returns the server (its
-        server_address has the port when 0 was asked; shutdown() stops it)."""
-        metrics = self
+    def serve(self, host: str, port: int,
+              checks: dict[str, Callable[[], list[str]]] | None = None):
+        """Serve GET /metrics, and each path of `checks` (/healthz, /readyz: 200 "ok" when the
+        check returns no problem, else 500 and the problems), on host:port from a daemon thread;
+        returns the server (server_address has the port when 0 was asked; shutdown() stops it)."""
+        import http.server
+
+        from prometheus_client.exposition import choose_encoder
+
+        metrics, checks = self, dict(checks or {})
 
         class Handler(http.server.BaseHTTPRequestHandler):
             def do_GET(self) -> None:
-                if self.path.split("?", 1)[0] != "/metrics":
-                    self.send_error(404, "only /metrics is served here")
-                    return
-                body = metrics.render().encode("utf-8")
-                self.send_response(200)
-                self.send_header("Content-Type", CONTENT_TYPE)
+                path = self.path.split("?", 1)[0]
+                if path == "/metrics":
+                    encoder, content_type = choose_encoder(self.headers.get("Accept"))
+                    self._answer(200, content_type, encoder(metrics.registry))
+                elif path in checks:
+                    try:
+                        problems = checks[path]()
+                    except Exception as exc:  # a check that breaks says so, as a failure
+                        problems = [f"check failed: {type(exc).__name__}: {exc}"]
+                    body = "".join(f"{p}\n" for p in problems) if problems else "ok\n"
+                    self._answer(500 if problems else 200, "text/plain; charset=utf-8",
+                                 body.encode())
+                else:
+                    self.send_error(404, f"served here: /metrics {' '.join(sorted(checks))}")
+
+            def _answer(self, status: int, content_type: str, body: bytes) -> None:
+                self.send_response(status)
+                self.send_header("Content-Type", content_type)
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
                 self.wfile.write(body)
@@ -158,18 +281,16 @@ class Metrics:
         return server
 
     def write_textfile(self, path: str | os.PathLike) -> None:
-        """Write render() to path atomically: a temporary file in the same directory, fsynced,
-        renamed over path, then the directory fsynced. The temporary name does not end in .prom,
-        so node_exporter's textfile collector never reads it."""
+        """Replace path with the current metrics, atomically (node_exporter never reads half a
+        file). write_to_textfile renames its own temporary file over ours, whose name does not end
+        in .prom (the collector skips it); ours is made readable by all before it replaces path,
+        because the service's umask is 077 and node_exporter usually runs as another user."""
         path = os.fspath(path)
-        directory = os.path.dirname(os.path.abspath(path))
-        fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=directory)
+        directory, base = os.path.split(os.path.abspath(path))
+        tmp = os.path.join(directory, f".{base}.tmp")
         try:
-            with os.fdopen(fd, "w", encoding="utf-8") as out:
-                out.write(self.render())
-                out.flush()
-                os.fsync(out.fileno())
-            os.chmod(tmp, 0o644)  # node_exporter usually runs as another user
+            prometheus_client.write_to_textfile(tmp, self.registry)
+            os.chmod(tmp, 0o644)
             os.replace(tmp, path)
         except BaseException:
             try:
@@ -177,8 +298,8 @@ class Metrics:
             except FileNotFoundError:
                 pass
             raise
-        dir_fd = os.open(directory, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
+
+
+def host_of(url: str) -> str:
+    """client-go's host label: the API server's host:port."""
+    return urlsplit(url).netloc or url

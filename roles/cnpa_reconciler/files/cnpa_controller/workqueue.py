@@ -11,6 +11,10 @@ The semantics of client-go's rate-limited work queue, which every Kubernetes con
 - a name waits for at most one delayed add: a later add_after keeps the earlier of the two times
   (client-go's delaying queue). Otherwise every event or resync of a name that keeps failing
   would start one more timer chain, and their number would grow with uptime.
+
+Its metrics are client-go's too (metrics.QueueMetrics): adds, retries, how long a name waited
+before a worker took it and how long the worker took; depth and the longest-running worker are
+read from the queue when scraped.
 """
 
 from __future__ import annotations
@@ -19,19 +23,36 @@ import heapq
 import threading
 import time
 from collections import deque
-from typing import Callable
+from typing import Any, Callable
+
+
+class NoQueueMetrics:
+    def added(self) -> None:
+        pass
+
+    def retried(self) -> None:
+        pass
+
+    def taken(self, waited: float) -> None:
+        pass
+
+    def done(self, worked: float) -> None:
+        pass
 
 
 class WorkQueue:
     def __init__(self, *, retry_base: float = 0.5, retry_cap: float = 30.0,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, metrics: Any = None) -> None:
         self._clock = clock
+        self._metrics = metrics or NoQueueMetrics()
         self._retry_base = retry_base
         self._retry_cap = retry_cap
         self._cond = threading.Condition()
         self._queue: deque[str] = deque()
         self._dirty: set[str] = set()       # queued and not yet taken by a worker
         self._processing: set[str] = set()  # taken by a worker, not yet done
+        self._added_at: dict[str, float] = {}    # dirty name -> when it was added
+        self._started_at: dict[str, float] = {}  # name being processed -> when it was taken
         self._later: list[tuple[float, int, str]] = []  # (due, sequence, name), a heap
         # name -> when it is due: the one delayed add that counts (heap entries that disagree
         # were superseded by an earlier time and are skipped when they come up).
@@ -48,6 +69,8 @@ class WorkQueue:
         if self._shutdown or name in self._dirty:
             return
         self._dirty.add(name)
+        self._added_at[name] = self._clock()
+        self._metrics.added()
         if name not in self._processing:
             self._queue.append(name)
             self._cond.notify()
@@ -73,6 +96,7 @@ class WorkQueue:
             n = self._failures.get(name, 0)
             self._failures[name] = n + 1
             delay = min(self._retry_cap, self._retry_base * (2 ** min(n, 62)))
+        self._metrics.retried()
         self.add_after(name, delay)
         return delay
 
@@ -107,6 +131,9 @@ class WorkQueue:
                     name = self._queue.popleft()
                     self._dirty.discard(name)
                     self._processing.add(name)
+                    now = self._clock()
+                    self._started_at[name] = now
+                    self._metrics.taken(now - self._added_at.pop(name, now))
                     return name
                 if deadline is not None:
                     left = deadline - self._clock()
@@ -118,6 +145,9 @@ class WorkQueue:
     def done(self, name: str) -> None:
         with self._cond:
             self._processing.discard(name)
+            started = self._started_at.pop(name, None)
+            if started is not None:
+                self._metrics.done(self._clock() - started)
             if name in self._dirty and not self._shutdown:
                 self._queue.append(name)
                 self._cond.notify()
@@ -131,6 +161,13 @@ class WorkQueue:
         """Names waiting to be processed now (the queue depth; delayed retries not counted)."""
         with self._cond:
             return len(self._queue)
+
+    def longest_running(self) -> float:
+        """Seconds the name processed longest so far has been processed (0 when none is)."""
+        with self._cond:
+            if not self._started_at:
+                return 0.0
+            return max(0.0, self._clock() - min(self._started_at.values()))
 
     def delayed(self) -> int:
         """Names waiting for a delayed add (at most one timer each)."""
