@@ -49,7 +49,7 @@ def test_healthz_names_a_stuck_worker_and_readyz_what_is_not_ready(tmp_path):
 
     now = [0.0]
     c = Controller(NoApi(), Settings(archive_dir=str(tmp_path), request_timeout=2.0),
-                   make_elector=Candidate, out=io.StringIO(), err=io.StringIO())
+                   make_elector=Candidate, out=io.StringIO())
     c.heartbeats = Heartbeats(clock=lambda: now[0])
     assert c.wedge_seconds == 2 * 7 * 2.0 + 5
     c.heartbeats.beat("main")
