@@ -329,7 +329,7 @@ def create(name: str, wait: bool = True, suite: str = rootfs.SUITE, datastore: s
         inst.root.mkdir()
         run(["tar", "--numeric-owner", "--xattrs", "-C", str(inst.root), "-xf", str(tarball)],
             step="unpack rootfs", quiet=True)
-        inst.ports = _free_ports(("ssh", "apiserver", *DATASTORE_PORTS[datastore], "kcm"))
+        inst.ports = _free_ports(("ssh", "apiserver", *DATASTORE_PORTS[datastore], "kcm", "metrics"))
         _configure(inst, binaries, datastore, compaction_interval)
         inst.save()
         inst.boot()
@@ -407,11 +407,15 @@ def _settings(ports: dict[str, int], datastore: str, compaction_interval: str) -
 def _write_inventory(inst: Instance) -> None:
     ssh_args = (f"-o UserKnownHostsFile={inst.dir / 'known_hosts'} -o StrictHostKeyChecking=yes "
                 "-o ControlMaster=auto -o ControlPersist=60s")
+    # Test hosts share this machine's loopback: the watch controller of each serves its metrics
+    # and health checks on a port of its own (the role's default would be taken by the first).
+    metrics = (f" cnpa_controller_metrics_address=127.0.0.1:{inst.ports['metrics']}"
+               if "metrics" in inst.ports else "")
     inst.inventory.write_text(
         "# Written by `python -m testhost create`; the lab's k3s group, reached over SSH.\n"
         f"[k3s]\n{inst.name} ansible_host=127.0.0.1 ansible_port={inst.ports['ssh']} "
         f"ansible_user=root ansible_ssh_private_key_file={inst.key} "
-        f"ansible_ssh_common_args='{ssh_args}'\n")
+        f"ansible_ssh_common_args='{ssh_args}'{metrics}\n")
 
 
 def _free_ports(names: tuple[str, ...]) -> dict[str, int]:

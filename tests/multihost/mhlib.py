@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import os
 import random
-import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -121,22 +120,14 @@ def three_hosts(names: list[str], reuse_var: str = "CNPA_MULTIHOST_REUSE") -> It
                     fut.result()
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def write_inventory(hosts: list[Host], path: Path) -> Path:
     """One INI inventory, group k3s, the three hosts over SSH (the lines testhost wrote for each);
     cnpa_kubeconfig is the roles' default path, valid on each for A's API server (join)."""
     lines = []
     for h in hosts:
         text = h.inst.inventory.read_text().splitlines()
-        # The hosts share one network namespace: each controller's metrics and health checks on
-        # a loopback port of its own (the role's default port would be taken by the first).
-        lines += [f"{line} cnpa_controller_metrics_address=127.0.0.1:{free_port()}"
-                  for line in text[text.index("[k3s]") + 1:] if line.strip()]
+        # (Each host's line gives its controller a metrics port of its own: testhost.)
+        lines += [line for line in text[text.index("[k3s]") + 1:] if line.strip()]
     path.write_text("# Written by tests/multihost: three test hosts, one API server (the first's).\n"
                     "[k3s]\n" + "\n".join(lines) + "\n")
     return path
