@@ -155,7 +155,7 @@ def test_default_host_keeps_a_new_enough_distro_client(host, tmp_path):
     assert client_version(host, "/usr/bin/python3") == seen["client"]["version"]
     assert seen["k8s_found"] == 1 and seen["k8s_warnings"] == []
     assert not WARNING.findall(text)
-    assert host.sh("test -e /opt/cnpa-op", check=False).returncode != 0, "a virtualenv was made"
+    assert host.sh("test -e /opt/cnpa-op/venv", check=False).returncode != 0, "a virtualenv was made"
 
     text, seen = run_role(inst, tmp_path, "trixie-role-again.log")
     assert recap(text, inst.name)["changed"] == 0, "the role changed something on a second run"
