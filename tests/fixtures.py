@@ -5,6 +5,7 @@ The hosts themselves come from hostlib.session_host (one per test directory and 
 from __future__ import annotations
 
 from fractions import Fraction
+from pathlib import Path
 
 from cnpa_controller.plan import API_VERSION, quantity
 
@@ -26,3 +27,14 @@ def cpu(text: str) -> Fraction:
     value = quantity(text)
     assert value is not None, f"not a quantity: {text!r}"
     return value
+
+
+def unreachable_kubeconfig(directory: Path) -> Path:
+    """A kubeconfig in directory whose API server refuses at once: port 1 on loopback has no
+    listener, so a pass or the CLI meets "connection refused" without waiting for a timeout."""
+    k = directory / "kubeconfig"
+    k.write_text("apiVersion: v1\nkind: Config\ncurrent-context: c\n"
+                 "clusters: [{name: c, cluster: {server: 'http://127.0.0.1:1'}}]\n"
+                 "contexts: [{name: c, context: {cluster: c, user: u}}]\n"
+                 "users: [{name: u, user: {token: t}}]\n")
+    return k

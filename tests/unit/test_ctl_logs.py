@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from fixtures import unreachable_kubeconfig
 
 from cnpa_controller import logs
 from cnpa_controller.logs import about
@@ -85,22 +86,12 @@ def test_a_library_s_warnings_get_the_prefix_and_its_debug_stays_out(logged):
     assert "Connection pool is full" in stream.getvalue()
 
 
-def _kubeconfig(tmp_path: Path) -> Path:
-    # Port 1 on loopback: nothing listens there, a connection is refused at once.
-    k = tmp_path / "kubeconfig"
-    k.write_text("apiVersion: v1\nkind: Config\ncurrent-context: c\n"
-                 "clusters: [{name: c, cluster: {server: 'http://127.0.0.1:1'}}]\n"
-                 "contexts: [{name: c, context: {cluster: c, user: u}}]\n"
-                 "users: [{name: u, user: {token: t}}]\n")
-    return k
-
-
 @pytest.mark.parametrize("fmt", ["text", "json"])
 def test_a_pass_that_cannot_read_the_api_says_so_in_one_line(tmp_path, fmt):
     """The lab's loop runs a pass every 3 s: one line, with the words the tests and the docs
     quote, and nothing on stdout (its lines are writes)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("CNPA_", "KUBECONFIG"))}
-    env.update(KUBECONFIG=str(_kubeconfig(tmp_path)), CNPA_ARCHIVE_DIR=str(tmp_path / "archive"),
+    env.update(KUBECONFIG=str(unreachable_kubeconfig(tmp_path)), CNPA_ARCHIVE_DIR=str(tmp_path / "archive"),
                CNPA_REQUEST_TIMEOUT="2s", CNPA_LOG_FORMAT=fmt)
     proc = subprocess.run([sys.executable, "-m", "cnpa_controller", "--once"], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=60)

@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
+from fixtures import unreachable_kubeconfig
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -32,16 +33,6 @@ def installed(tmp_path):
     for f in (ROOT / "cnpa_controller").glob("*.py"):
         shutil.copy(f, d / "cnpa_controller")
     return d
-
-
-def unreachable_kubeconfig(tmp_path: Path) -> Path:
-    # Port 1 on loopback: nothing listens there, a connection is refused at once.
-    k = tmp_path / "kubeconfig"
-    k.write_text("apiVersion: v1\nkind: Config\ncurrent-context: c\n"
-                 "clusters: [{name: c, cluster: {server: 'http://127.0.0.1:1'}}]\n"
-                 "contexts: [{name: c, context: {cluster: c, user: u}}]\n"
-                 "users: [{name: u, user: {token: t}}]\n")
-    return k
 
 
 def run(installed: Path, tmp_path: Path, *args: str, cwd: Path | None = None, **env: str):
