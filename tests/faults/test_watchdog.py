@@ -7,6 +7,7 @@ loop too: no WATCHDOG=1 reaches systemd, which kills the service and starts it a
 
 from __future__ import annotations
 
+import json
 import socket
 import time
 import urllib.error
@@ -36,10 +37,14 @@ def status(port: int, path: str) -> int:
 
 def test_a_frozen_watch_controller_is_killed_by_the_watchdog_and_restarted(lab, report):
     port = free_port()
+    started = lab.now()
+    # The same run shows the role's log variables reaching the unit (json: see the end).
     lab.playbook("-e", "cnpa_controller_mode=watch", "-e", f"cnpa_controller_watchdog_sec={WATCHDOG_SEC}",
-                 "-e", f"cnpa_controller_metrics_address=127.0.0.1:{port}")
+                 "-e", f"cnpa_controller_metrics_address=127.0.0.1:{port}",
+                 "-e", "cnpa_controller_log_format=json")
     pid = 0
     try:
+        assert lab.service("Environment").count("CNPA_LOG_FORMAT=json") == 1
         assert lab.service("Type") == "notify"
         assert lab.service("WatchdogUSec") == f"{WATCHDOG_SEC}s"
         wait_for(lambda: status(port, "/readyz") == 200, timeout=90, what="/readyz 200")
@@ -63,6 +68,15 @@ def test_a_frozen_watch_controller_is_killed_by_the_watchdog_and_restarted(lab, 
         wait_for(lambda: status(port, "/readyz") == 200, timeout=90, what="/readyz 200 again")
         lab.teamspace("met-watchdog", pods=2)
         lab.wait_converged("met-watchdog", timeout=90)
+
+        # Only the controller's own lines (not systemd's about the unit): stderr's are JSON
+        # objects with a level, stdout's one line per write is unchanged.
+        lines = lab.sh("journalctl _SYSTEMD_UNIT=cnpa-op.service --no-pager -o cat "
+                       f"--since @{started}").stdout.splitlines()
+        logged = [json.loads(line) for line in lines if line.startswith("{")]
+        assert logged and all(entry["level"] and entry["msg"] for entry in logged), lines
+        assert any(line.startswith("teamspace met-watchdog: ") for line in lines), lines
+        assert [line for line in lines if not line.startswith(("{", "teamspace "))] == []
     finally:
         if pid:
             lab.sh(f"kill -CONT {pid}", check=False)
