@@ -44,6 +44,8 @@ def _molecule_test(scenario: str, host: str, log_name: str, ephemeral: Path,
                               stdout=fh, stderr=subprocess.STDOUT, timeout=2400, check=False)
     tail = "\n".join(log.read_text(errors="replace").splitlines()[-150:])
     assert proc.returncode == 0, f"molecule test -s {scenario} failed; last lines of {log}:\n{tail}"
+    # prerun: false (molecule.yml): no copy of this repository installed into ~/.ansible/collections.
+    assert "Performing prerun" not in log.read_text(errors="replace")
 
 
 def test_molecule_default_scenario(tmp_path):
