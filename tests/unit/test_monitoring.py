@@ -102,3 +102,16 @@ def test_the_dashboard_is_a_grafana_dashboard_with_its_variables():
             # beside this one's would mislead.
             for name, labels in parse(target["expr"])[0]:
                 assert {"job", "instance"} <= labels, (panel["title"], name)
+
+
+def test_the_panels_tile_the_grid_without_overlapping():
+    taken: dict[tuple[int, int], str] = {}
+    for panel in dashboard()["panels"]:
+        grid = panel["gridPos"]
+        assert 0 <= grid["x"] and grid["x"] + grid["w"] <= 24, panel["title"]
+        for x in range(grid["x"], grid["x"] + grid["w"]):
+            for y in range(grid["y"], grid["y"] + grid["h"]):
+                assert (x, y) not in taken, (panel["title"], taken[(x, y)])
+                taken[(x, y)] = panel["title"]
+    rows = {y for _, y in taken}
+    assert rows == set(range(max(rows) + 1)), "an empty band between panels"
