@@ -102,7 +102,13 @@ def test_every_panel_has_data_and_the_alerts_fire_where_they_should(host, start_
         # next rule evaluations on.
         judged_from = time.time() + 2
 
-        names = [f"dash-{i}" for i in range(6)]
+        # One TeamSpace first, scraped, then five: a labelled counter is born at its first
+        # increment, which rate() cannot count; the five later ones it can.
+        host.apply(teamspace("dash-0", pods=2))
+        wait_ready(host, "dash-0")
+        wait_for(lambda: prom.query('cnpa_writes_total{step="quota", op="create"}'), timeout=30,
+                 what="the first quota write scraped")
+        names = [f"dash-{i}" for i in range(1, 6)]
         for name in names:
             host.apply(teamspace(name, pods=2))
         for name in names:
@@ -163,7 +169,7 @@ def test_every_panel_has_data_and_the_alerts_fire_where_they_should(host, start_
         assert peak("Reconciles by result", result="success") > 0
         assert peak("Reconciles by result", result="error") > 0
         assert peak("Failures by reason", reason="NamespaceNotOurs") > 0
-        assert peak("Writes by step", step="quota") > 0
+        assert peak("Writes by step", step="quota", op="create") > 0
         # One archive record: its counter is born at 1, which rate() cannot count (no earlier
         # sample), but the series is there.
         assert any(s["metric"].get("step") == "archive" for t in dashboard_targets()

@@ -108,7 +108,7 @@ def test_the_panels_tile_the_grid_without_overlapping():
     taken: dict[tuple[int, int], str] = {}
     for panel in dashboard()["panels"]:
         grid = panel["gridPos"]
-        assert 0 <= grid["x"] and grid["x"] + grid["w"] <= 24, panel["title"]
+        assert grid["x"] >= 0 and grid["x"] + grid["w"] <= 24, panel["title"]
         for x in range(grid["x"], grid["x"] + grid["w"]):
             for y in range(grid["y"], grid["y"] + grid["h"]):
                 assert (x, y) not in taken, (panel["title"], taken[(x, y)])
