@@ -50,6 +50,8 @@ BIN = VENV / "bin"
 # Only what the tests themselves call. The test host installs what it needs (debootstrap,
 # systemd-container, openssh-client) itself when it is created (testhost.common.apt_install).
 # strace: tests/faults/test_trust.py checks that an archive record is flushed before its finalizer goes.
+# Not prometheus: installing it would start a Prometheus service on a machine without systemd;
+# the monitoring tests unpack its binaries into the cache instead (testhost/prometheus.py).
 TEST_PACKAGES = ["shellcheck", "strace"]
 K3S_KUBECONFIG = Path("/etc/rancher/k3s/k3s.yaml")
 # CNPA_LAB_TESTHOST_NAME: another name for the lab's test host (e.g. beside one already running).

@@ -108,6 +108,8 @@ def test_the_tarball_is_the_collection_and_carries_its_own_files(collection):
     assert manifest["dependencies"] == GALAXY["dependencies"]
     with tarfile.open(collection.tarball) as tar:
         top = {name.split("/")[0] for name in tar.getnames()}
+        # The dashboard and alerts are for whoever runs the controller the collection installs.
+        assert {"monitoring/grafana-dashboard.json", "monitoring/alerts.yml"} <= set(tar.getnames())
     assert not top & {"tests", "bench", "testhost", "molecule", ".venv", "library", "dev.py"}, top
     # One source: what the roles install is the very file the lab's top-level entries link to.
     carried = collection.root / "roles" / "cnpa_reconciler" / "files"

@@ -52,6 +52,23 @@ def test_known_metrics_render_with_their_types_and_process_metrics():
         assert "_created" not in text
 
 
+def test_a_controller_starts_its_reconcile_counters_at_zero(tmp_path):
+    """An alert's increase() sees a first error only if the series existed before it."""
+    import io
+    from types import SimpleNamespace
+
+    from cnpa_controller.controller import Controller, Settings
+
+    m = Metrics()
+    Controller(SimpleNamespace(), Settings(archive_dir=str(tmp_path)), metrics=m,
+               out=io.StringIO())
+    text = m.render()
+    assert sample(text, "controller_runtime_reconcile_errors_total", controller="teamspace") == 0
+    for result in ("success", "error", "requeue_after"):
+        assert sample(text, "controller_runtime_reconcile_total", controller="teamspace",
+                      result=result) == 0
+
+
 def test_each_metrics_has_its_own_registry():
     a, b = Metrics(), Metrics()
     a.inc("cnpa_resyncs_total", by=3)

@@ -157,6 +157,14 @@ class Controller:
         self.workers_started = threading.Event()
         self.metrics.set("controller_runtime_max_concurrent_reconciles", settings.workers,
                          {"controller": CONTROLLER})
+        # Labelled counters exist from their first increment on, and rate()/increase() cannot
+        # count that first one (there is no earlier sample): a first error would go unseen by an
+        # alert. controller-runtime starts them at 0 for the same reason.
+        for runtime_result in sorted(set(RUNTIME_RESULT.values())):
+            self.metrics.inc("controller_runtime_reconcile_total",
+                             {"controller": CONTROLLER, "result": runtime_result}, by=0)
+        self.metrics.inc("controller_runtime_reconcile_errors_total", {"controller": CONTROLLER},
+                         by=0)
         if self.metrics.request is not None:
             api.observe = self.metrics.request
         # The elector tells this controller when leadership changes (on_change, from run() on).

@@ -1,0 +1,117 @@
+"""monitoring/: the alert rules checked and unit-tested by promtool (Debian's, unpacked by
+testhost.prometheus), and the dashboard's and the rules' PromQL naming only series, labels and
+variables that exist. tests/controller/test_dashboard.py asks a real Prometheus the same queries."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+
+import pytest
+from promlib import (
+    ALERTS,
+    ALERTS_TEST,
+    TARGET_LABELS,
+    alert_rules,
+    dashboard,
+    dashboard_targets,
+    exported,
+    parse,
+    substitute,
+)
+
+from testhost import prometheus
+
+
+@pytest.fixture(scope="module")
+def promtool():
+    return prometheus.binaries() / "promtool"
+
+
+def test_the_alert_rules_are_valid(promtool):
+    proc = subprocess.run([str(promtool), "check", "rules", str(ALERTS)], capture_output=True,
+                          text=True, check=False, timeout=60)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert f"SUCCESS: {len(alert_rules())} rules found" in proc.stdout
+
+
+def test_each_alert_fires_when_it_should_and_only_then(promtool):
+    proc = subprocess.run([str(promtool), "test", "rules", ALERTS_TEST.name], capture_output=True,
+                          text=True, check=False, timeout=60, cwd=ALERTS_TEST.parent)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    tested = set(re.findall(r"alertname: (\w+)", ALERTS_TEST.read_text()))
+    assert tested == {rule["alert"] for rule in alert_rules()}
+
+
+def test_each_alert_has_for_severity_annotations_and_a_runbook_in_the_docs():
+    from promlib import ROOT
+    operations = (ROOT / "docs/operations.md").read_text()
+    anchors = {re.sub(r"[^a-z0-9 -]", "", h.strip().lower()).replace(" ", "-")
+               for h in re.findall(r"^#+ (.*)$", operations, re.MULTILINE)}
+    for rule in alert_rules():
+        assert rule.get("for"), rule["alert"]
+        assert rule["labels"]["severity"] in ("critical", "warning"), rule["alert"]
+        assert {"summary", "description", "runbook_url"} <= set(rule["annotations"])
+        page, anchor = rule["annotations"]["runbook_url"].split("#")
+        assert page == "docs/operations.md" and anchor in anchors, rule["annotations"]
+
+
+def _queries() -> list[tuple[str, str]]:
+    return ([(f"panel {t['title']!r} {t['ref']}", substitute(t["expr"]))
+             for t in dashboard_targets()]
+            + [(f"alert {r['alert']}", r["expr"]) for r in alert_rules()])
+
+
+@pytest.mark.parametrize(("where", "expr"), _queries(), ids=[w for w, _ in _queries()])
+def test_every_series_and_label_used_is_one_the_controller_exports(where, expr):
+    series = exported()
+    selectors, grouping = parse(expr)
+    assert selectors, f"{where}: no metric found in {expr}"
+    for name, labels in selectors:
+        assert name in series, f"{where}: {name} is not exported (metrics.py)"
+        assert labels <= series[name] | TARGET_LABELS, \
+            f"{where}: {name} has no label {sorted(labels - series[name] - TARGET_LABELS)}"
+    known = set().union(*(series[name] for name, _ in selectors)) | TARGET_LABELS
+    assert grouping <= known, f"{where}: grouped by {sorted(grouping - known)}, not a label"
+
+
+def test_the_name_check_catches_a_misspelt_series_and_label():
+    series = exported()
+    [(name, labels)], grouping = parse(
+        'sum by (verbb) (rate(rest_client_request_total{job="$job", kode="200"}[5m]))')
+    assert name not in series and (labels, grouping) == ({"job", "kode"}, {"verbb"})
+
+
+def test_the_dashboard_is_a_grafana_dashboard_with_its_variables():
+    board = dashboard()
+    assert board["schemaVersion"] >= 36   # Grafana 9.1 on: what 10 and 11 import unchanged
+    variables = {v["name"]: v for v in board["templating"]["list"]}
+    assert variables["datasource"]["type"] == "datasource"
+    assert variables["datasource"]["query"] == "prometheus"
+    assert "label_values(" in variables["job"]["definition"]
+    assert "$job" in variables["instance"]["definition"]
+    ids = [p["id"] for p in board["panels"]]
+    assert len(ids) == len(set(ids))
+    for panel in board["panels"]:
+        if panel["type"] == "row":
+            continue
+        assert panel["datasource"] == {"type": "prometheus", "uid": "${datasource}"}, panel["title"]
+        assert panel["targets"] and panel.get("description"), panel["title"]
+        for target in panel["targets"]:
+            # Every query follows the variables: a dashboard showing another job's series
+            # beside this one's would mislead.
+            for name, labels in parse(target["expr"])[0]:
+                assert {"job", "instance"} <= labels, (panel["title"], name)
+
+
+def test_the_panels_tile_the_grid_without_overlapping():
+    taken: dict[tuple[int, int], str] = {}
+    for panel in dashboard()["panels"]:
+        grid = panel["gridPos"]
+        assert grid["x"] >= 0 and grid["x"] + grid["w"] <= 24, panel["title"]
+        for x in range(grid["x"], grid["x"] + grid["w"]):
+            for y in range(grid["y"], grid["y"] + grid["h"]):
+                assert (x, y) not in taken, (panel["title"], taken[(x, y)])
+                taken[(x, y)] = panel["title"]
+    rows = {y for _, y in taken}
+    assert rows == set(range(max(rows) + 1)), "an empty band between panels"
