@@ -487,18 +487,16 @@ LOAD_NOTE_ROWS = frozenset({
     ("kopf", 5000, "etcd", "2026-12-05 17:07 UTC"),
     ("kopf", 1000, "kine", "2026-12-05 17:21 UTC"),
     ("kopf", 5000, "kine", "2026-12-05 17:30 UTC"),
-    ("watch", 1000, "etcd", "2026-12-05 20:33 UTC"),
     ("floor", 5000, "etcd", "2026-12-05 20:45 UTC"),
-    ("watch", 1000, "kine", "2026-12-05 20:47 UTC"),
     ("watch", 5000, "kine", "2026-12-05 20:53 UTC"),
     ("floor", 5000, "kine", "2026-12-05 21:04 UTC"),
     ("reconcile.sh", 1000, "etcd", "2026-12-06 01:23 UTC"),
 })
 LOAD_NOTE = (
     "The 11.9 is the watch-ha row with the old 15 s lease, from a loaded run; the role now uses a "
-    "10 s lease, measured at load 0.6. The other nine began at 2.0-4.4. Eight come from the runs of "
+    "10 s lease, measured at load 0.6. The other seven began at 2.0-4.4. Six come from the runs of "
     "2026-12-05 16:59 and 20:33 UTC, with nothing else running on the machine (Analysis): there the "
-    "load is the benchmark's own work, such as tearing down the previous row's host. The ninth, "
+    "load is the benchmark's own work, such as tearing down the previous row's host. The seventh, "
     "reconcile.sh at N = 1,000 (2.1), comes from the run of 2026-12-06 01:15 UTC, which the "
     "Analysis does not describe.")
 
