@@ -13,6 +13,7 @@ import time
 import urllib.error
 import urllib.request
 
+from faultlib import ARCHIVE
 from hostlib import wait_for
 
 WATCHDOG_SEC = 5
@@ -81,4 +82,53 @@ def test_a_frozen_watch_controller_is_killed_by_the_watchdog_and_restarted(lab, 
         if pid:
             lab.sh(f"kill -CONT {pid}", check=False)
         lab.delete("teamspace", "met-watchdog")
+        lab.playbook()   # the loop controller again, for the other fault tests
+
+
+# The wedge bound follows the request timeout (cnpa_controller.health: 2 x 7 steps x timeout + 5 s):
+# 2 s makes it 33 s instead of the role's 145 s. A drop-in of the test's own, removed at the end.
+DROPIN = "/etc/systemd/system/cnpa-op.service.d/test-request-timeout.conf"
+
+
+def test_a_wedged_worker_fails_readyz_and_the_watchdog_restarts_the_unit(lab, report):
+    """A worker stuck in one TeamSpace past the wedge bound (the archive's read of an earlier
+    record blocks in open(2) on a FIFO): /readyz turns 500, the main loop stops feeding the
+    watchdog, and systemd kills and restarts the service, whose new process archives the
+    deletion."""
+    port = free_port()
+    name, fifo = "met-wedge", f"{ARCHIVE}/met-wedge.json"
+    lab.playbook("-e", "cnpa_controller_mode=watch", "-e", f"cnpa_controller_watchdog_sec={WATCHDOG_SEC}",
+                 "-e", f"cnpa_controller_metrics_address=127.0.0.1:{port}")
+    try:
+        lab.sh(f"mkdir -p {DROPIN.rsplit('/', 1)[0]} && "
+               f"printf '[Service]\\nEnvironment=CNPA_REQUEST_TIMEOUT=2s\\n' > {DROPIN} && "
+               "systemctl daemon-reload && systemctl restart cnpa-op")
+        wait_for(lambda: status(port, "/readyz") == 200, timeout=90, what="/readyz 200")
+        uid = lab.teamspace(name, pods=2)["metadata"]["uid"]
+        lab.wait_converged(name, timeout=90)
+        restarts, pid = int(lab.service("NRestarts")), int(lab.service("MainPID"))
+        since = lab.now()
+
+        lab.sh(f"rm -f {fifo} && mkfifo {fifo}")
+        lab.delete("teamspace", name)
+        wedged = time.monotonic()
+        wait_for(lambda: status(port, "/readyz") == 500, timeout=90, interval=0.5,
+                 what="/readyz 500 with the worker stuck")
+        report["wedge_readyz_false_s"] = round(time.monotonic() - wedged, 1)
+        assert int(lab.service("MainPID")) == pid   # not restarted before the bound
+        wait_for(lambda: int(lab.service("MainPID")) not in (0, pid), timeout=60, interval=0.5,
+                 what="cnpa-op killed by the watchdog and started again")
+        report["wedge_restart_s"] = round(time.monotonic() - wedged, 1)
+        # Before the new process reaches the deletion, most likely; if it opened the FIFO first,
+        # the watchdog restarts it once more and the one after finds no FIFO.
+        lab.sh(f"rm -f {fifo}")
+        assert int(lab.service("NRestarts")) >= restarts + 1
+        assert "Watchdog timeout" in lab.sh(
+            f"journalctl -u cnpa-op --no-pager --since @{since}").stdout
+        lab.wait_gone("teamspace", name, timeout=150)
+        assert lab.archive(name) == {"name": name, "uid": uid, "pods": 2}
+        wait_for(lambda: status(port, "/readyz") == 200, timeout=90, what="/readyz 200 again")
+    finally:
+        lab.sh(f"rm -f {fifo} {DROPIN} && systemctl daemon-reload", check=False)
+        lab.delete("teamspace", name)
         lab.playbook()   # the loop controller again, for the other fault tests
