@@ -1,8 +1,12 @@
-"""systemd's watchdog restarts a frozen watch controller (cnpa_controller_mode=watch).
+"""systemd's watchdog restarts a frozen or wedged watch controller (cnpa_controller_mode=watch).
 
-The host's unit is switched to the long-running controller with a short WatchdogSec, and back to
-the loop the other fault tests expect at the end. SIGSTOP freezes the whole process, its main
-loop too: no WATCHDOG=1 reaches systemd, which kills the service and starts it again.
+The host's unit is switched once, for this module, to the long-running controller with a short
+WatchdogSec and JSON logs, and back to the loop the other fault tests expect when any of them runs
+after this module in the session (in file order none does: the session's host is destroyed
+instead, and a reused host gets the loop again from the session's install,
+tests/faults/conftest.py). SIGSTOP freezes the whole process, its main loop too; a worker stuck
+past the wedge bound makes the main loop stop feeding: either way no WATCHDOG=1 reaches systemd,
+which kills the service and starts it again.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ import time
 import urllib.error
 import urllib.request
 
+import pytest
 from faultlib import ARCHIVE
 from hostlib import wait_for
 
@@ -36,13 +41,30 @@ def status(port: int, path: str) -> int:
         return 0
 
 
-def test_a_frozen_watch_controller_is_killed_by_the_watchdog_and_restarted(lab, report):
+def fault_tests_follow(request) -> bool:
+    """Whether a test of this directory (the loop controller's) runs after this module."""
+    items = request.session.items
+    last = max(i for i, item in enumerate(items) if item.path == request.path)
+    return any(item.path.parent == request.path.parent for item in items[last + 1:])
+
+
+@pytest.fixture(scope="module")
+def watch_unit(lab, request):
+    """(metrics port, install time): the unit in watch mode, installed once for both tests (an
+    install.yml run takes minutes on a loaded machine). It also shows the role's log variables
+    reaching the unit (json: see the first test's end)."""
     port = free_port()
     started = lab.now()
-    # The same run shows the role's log variables reaching the unit (json: see the end).
     lab.playbook("-e", "cnpa_controller_mode=watch", "-e", f"cnpa_controller_watchdog_sec={WATCHDOG_SEC}",
                  "-e", f"cnpa_controller_metrics_address=127.0.0.1:{port}",
                  "-e", "cnpa_controller_log_format=json")
+    yield port, started
+    if fault_tests_follow(request):
+        lab.playbook()   # the loop controller again, for the other fault tests
+
+
+def test_a_frozen_watch_controller_is_killed_by_the_watchdog_and_restarted(lab, report, watch_unit):
+    port, started = watch_unit
     pid = 0
     try:
         assert lab.service("Environment").count("CNPA_LOG_FORMAT=json") == 1
@@ -82,7 +104,6 @@ def test_a_frozen_watch_controller_is_killed_by_the_watchdog_and_restarted(lab, 
         if pid:
             lab.sh(f"kill -CONT {pid}", check=False)
         lab.delete("teamspace", "met-watchdog")
-        lab.playbook()   # the loop controller again, for the other fault tests
 
 
 # The wedge bound follows the request timeout (cnpa_controller.health: 2 x 7 steps x timeout + 5 s):
@@ -90,15 +111,13 @@ def test_a_frozen_watch_controller_is_killed_by_the_watchdog_and_restarted(lab, 
 DROPIN = "/etc/systemd/system/cnpa-op.service.d/test-request-timeout.conf"
 
 
-def test_a_wedged_worker_fails_readyz_and_the_watchdog_restarts_the_unit(lab, report):
+def test_a_wedged_worker_fails_readyz_and_the_watchdog_restarts_the_unit(lab, report, watch_unit):
     """A worker stuck in one TeamSpace past the wedge bound (the archive's read of an earlier
     record blocks in open(2) on a FIFO): /readyz turns 500, the main loop stops feeding the
     watchdog, and systemd kills and restarts the service, whose new process archives the
     deletion."""
-    port = free_port()
+    port = watch_unit[0]
     name, fifo = "met-wedge", f"{ARCHIVE}/met-wedge.json"
-    lab.playbook("-e", "cnpa_controller_mode=watch", "-e", f"cnpa_controller_watchdog_sec={WATCHDOG_SEC}",
-                 "-e", f"cnpa_controller_metrics_address=127.0.0.1:{port}")
     try:
         lab.sh(f"mkdir -p {DROPIN.rsplit('/', 1)[0]} && "
                f"printf '[Service]\\nEnvironment=CNPA_REQUEST_TIMEOUT=2s\\n' > {DROPIN} && "
@@ -129,6 +148,6 @@ def test_a_wedged_worker_fails_readyz_and_the_watchdog_restarts_the_unit(lab, re
         assert lab.archive(name) == {"name": name, "uid": uid, "pods": 2}
         wait_for(lambda: status(port, "/readyz") == 200, timeout=90, what="/readyz 200 again")
     finally:
-        lab.sh(f"rm -f {fifo} {DROPIN} && systemctl daemon-reload", check=False)
+        lab.sh(f"rm -f {fifo} {DROPIN} && systemctl daemon-reload && systemctl restart cnpa-op",
+               check=False)
         lab.delete("teamspace", name)
-        lab.playbook()   # the loop controller again, for the other fault tests
