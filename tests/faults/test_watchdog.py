@@ -1,8 +1,10 @@
 """systemd's watchdog restarts a frozen watch controller (cnpa_controller_mode=watch).
 
 The host's unit is switched to the long-running controller with a short WatchdogSec, and back to
-the loop the other fault tests expect at the end. SIGSTOP freezes the whole process, its main
-loop too: no WATCHDOG=1 reaches systemd, which kills the service and starts it again.
+the loop the other fault tests expect when any of them runs after this one in the session (in
+file order none does: the session's host is destroyed instead, and a reused host gets the loop
+again from the session's install, tests/faults/conftest.py). SIGSTOP freezes the whole process,
+its main loop too: no WATCHDOG=1 reaches systemd, which kills the service and starts it again.
 """
 
 from __future__ import annotations
@@ -34,7 +36,14 @@ def status(port: int, path: str) -> int:
         return 0
 
 
-def test_a_frozen_watch_controller_is_killed_by_the_watchdog_and_restarted(lab, report):
+def fault_tests_follow(request) -> bool:
+    """Whether a test of this directory (the loop controller's) runs after this one."""
+    items = request.session.items
+    later = items[items.index(request.node) + 1:]
+    return any(item.path.parent == request.node.path.parent for item in later)
+
+
+def test_a_frozen_watch_controller_is_killed_by_the_watchdog_and_restarted(lab, report, request):
     port = free_port()
     lab.playbook("-e", "cnpa_controller_mode=watch", "-e", f"cnpa_controller_watchdog_sec={WATCHDOG_SEC}",
                  "-e", f"cnpa_controller_metrics_address=127.0.0.1:{port}")
@@ -67,4 +76,5 @@ def test_a_frozen_watch_controller_is_killed_by_the_watchdog_and_restarted(lab, 
         if pid:
             lab.sh(f"kill -CONT {pid}", check=False)
         lab.delete("teamspace", "met-watchdog")
-        lab.playbook()   # the loop controller again, for the other fault tests
+        if fault_tests_follow(request):
+            lab.playbook()   # the loop controller again, for the other fault tests
