@@ -21,11 +21,38 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from ctllib import ControllerProcess, install_crd
 from hostlib import Host, session_host
 
-# Every test runs against both datastores, one host after the other: kine (SQLite, a single k3s
-# server's) and etcd (k3s HA's). They differ where a long-running controller is delicate: when a
-# resourceVersion or continue token expires (kine keeps its newest 1000 revisions through a
-# compaction, etcd none). CNPA_CONTROLLER_DATASTORES=kine (or etcd) runs one of them.
+# Every test runs against kine (SQLite through kine, a single k3s server's datastore). The tests
+# marked `etcd_too` run against etcd (k3s HA's) as well, on a second host after the first: those
+# whose outcome the datastore decides. They differ where a long-running controller is delicate:
+# when a resourceVersion or continue token expires (kine keeps its newest 1000 revisions through
+# a compaction, etcd none: the watch resumed or relisted after an API-server restart, the paged
+# list whose continue token expired), and in the compare-and-swap of concurrent writers of one
+# object (the Lease's candidates, the counted Event's patch with the resourceVersion it read).
+# The rest (archive files, exit statuses, metrics, token files, one-pass runs) does the same
+# requests whatever stores them: tests/host/test_datastores.py shows both store and serve them,
+# and tests/faults runs on etcd. CNPA_CONTROLLER_DATASTORES=kine (or etcd) runs one host: on
+# etcd alone, only the marked tests.
 DATASTORES = [d for d in os.environ.get("CNPA_CONTROLLER_DATASTORES", "kine,etcd").split(",") if d]
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "etcd_too: run against etcd as well as kine "
+                            "(tests/controller/conftest.py says which and why)")
+
+
+def pytest_collection_modifyitems(config, items):
+    """On etcd, only the tests marked etcd_too (this hook sees every directory's items)."""
+    here = Path(__file__).resolve().parent
+    keep, dropped = [], []
+    for item in items:
+        on_etcd = getattr(item, "callspec", None) is not None and item.callspec.params.get("host") == "etcd"
+        if on_etcd and item.path.is_relative_to(here) and item.get_closest_marker("etcd_too") is None:
+            dropped.append(item)
+        else:
+            keep.append(item)
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = keep
 
 
 @pytest.fixture(scope="session", params=DATASTORES)

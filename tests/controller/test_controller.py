@@ -12,6 +12,7 @@ import re
 import signal
 import time
 
+import pytest
 from ctllib import (
     FINALIZER,
     LABEL,
@@ -104,6 +105,7 @@ def test_a_namespace_not_ours_is_reported_never_adopted(host, controller):
     assert ns["metadata"]["ownerReferences"][0]["uid"] == t["metadata"]["uid"]
 
 
+@pytest.mark.etcd_too
 def test_a_lasting_problem_counts_on_one_event_with_bounded_writes(host, controller):
     """The controller retries a TeamSpace whose namespace is somebody else's (a retry cap of 2 s
     here): each retry sees the problem again. Its one Event counts the sightings it writes, its
@@ -136,6 +138,7 @@ def test_a_lasting_problem_counts_on_one_event_with_bounded_writes(host, control
              what="TeamSpace ctl-lasting gone")
 
 
+@pytest.mark.etcd_too
 def test_a_change_made_while_the_watches_were_broken_is_reconciled(host, controller):
     host.apply(teamspace("ctl-watch", pods=4))
     wait_ready(host, "ctl-watch")
@@ -198,6 +201,7 @@ def _writers(host, name: str) -> set[str]:
             and name in (e.get("objectRef", {}).get("name"), e.get("objectRef", {}).get("namespace", "")[5:])}
 
 
+@pytest.mark.etcd_too
 def test_with_leader_election_one_writes_and_the_other_takes_over(host, start_controller):
     """Two controllers with leader election on, as on two hosts: one holds the Lease and writes,
     the other writes nothing; when the leader stops (SIGTERM releases the Lease) the other takes
@@ -379,6 +383,7 @@ def test_a_namespace_with_a_forged_owner_reference_is_not_adopted(host, start_co
     assert quota_hard(host, name) is None
 
 
+@pytest.mark.etcd_too
 def test_a_list_whose_continue_token_expired_is_made_again_in_one_piece(host, caplog):
     """A paged list (the informer's relist: 500 objects a page, 1 here) whose pages span a
     compaction: the datastore no longer has the version the continue token names, the API server

@@ -79,6 +79,7 @@ def handovers(cands: list[Candidate]) -> int:
     return sum(1 for a, b in zip(names, names[1:]) if a != b)
 
 
+@pytest.mark.etcd_too
 def test_three_candidates_exactly_one_leads(lease_host, lease_name, candidates):
     cands = candidates(3)
     leader = the_leader(cands)
@@ -92,6 +93,7 @@ def test_three_candidates_exactly_one_leads(lease_host, lease_name, candidates):
     assert all(c.proc.poll() is None for c in cands)
 
 
+@pytest.mark.etcd_too
 def test_killed_leader_is_replaced(lease_host, lease_name, candidates):
     cands = candidates(3)
     first = the_leader(cands)
@@ -109,6 +111,7 @@ def test_killed_leader_is_replaced(lease_host, lease_name, candidates):
     assert [c.identity for c in rest if c.leading_now()] == [second.identity]
 
 
+@pytest.mark.etcd_too
 def test_frozen_leader_stops_acting_the_moment_it_resumes(lease_host, lease_name, candidates):
     cands = candidates(3)
     frozen = the_leader(cands)
@@ -138,6 +141,7 @@ def test_frozen_leader_stops_acting_the_moment_it_resumes(lease_host, lease_name
     assert "stopped leading on lease" in frozen.log()
 
 
+@pytest.mark.etcd_too
 def test_clean_shutdown_releases_the_lease(lease_host, lease_name, candidates):
     cands = candidates(3)
     first = the_leader(cands)

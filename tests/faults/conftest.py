@@ -7,9 +7,9 @@ Each test records what it measured in `report`; the session writes it to
 $CNPA_FAULTS_REPORT (default /tmp/cnpa-faults-report.json) for docs/faults.md.
 
 Datastore: etcd, k3s's HA datastore. The lab, tests/controller and tests/multihost run on kine
-(a single k3s server's SQLite), tests/controller and molecule's lab on etcd as well; the fault
-suite is the longest single-host suite, and running it on both would cost CI about 15 minutes
-for faults of the controller and its unit, not of the datastore.
+(a single k3s server's SQLite), tests/controller's datastore-bound tests and molecule's lab on
+etcd as well; the fault suite is the longest single-host suite, and running it on both would cost
+CI about 15 minutes for faults of the controller and its unit, not of the datastore.
 """
 
 from __future__ import annotations

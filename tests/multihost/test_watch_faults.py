@@ -17,9 +17,10 @@ Takeover and reconcile times are printed and written to $CNPA_MULTIHOST_REPORT (
 /tmp/cnpa-multihost-report.json), never asserted: only bounds that stop a hang are.
 Faults of the leader's host (freeze, power off) need the leader on B or C: A holds the API server.
 The install gives the controllers tokens valid 600 s (the shortest TokenRequest allows), renewed
-every 120 s, so that by the end of the faults a controller has outlived its first token; then
-the Lease is deleted; then a soak (controller.yml again with hours of resyncs and Lease renewals
-squeezed into minutes, leaders killed and the API server restarted at random); last,
+every 120 s; after the faults the Lease is deleted; then a controller that has outlived its
+first token is made the only candidate (waited for: the faults and the deleted Lease take less
+than 600 s, so they come first); then a soak (controller.yml again with hours of resyncs and
+Lease renewals squeezed into minutes, leaders killed and the API server restarted at random); last,
 playbooks/uninstall.yml on the three hosts, on the state all that left.
 """
 
@@ -340,6 +341,34 @@ def test_leader_host_powered_off(cluster):
     print(report["leader_host_powered_off"])
 
 
+def test_lease_deleted(cluster):
+    """The Lease deleted while the workload runs (kubectl delete lease): a controller creates it
+    again (the identity may create that one Lease name and no other), one leads, and the change
+    made right after is served. Before, the identity could not create leases: every host stayed
+    a follower for good."""
+    c = cluster
+    name, pods = c.probe()
+    with c.workload("lease"):
+        time.sleep(3)
+        _, ident = c.leader()
+        uid = mhlib.lease(c.a)["metadata"]["uid"]
+        c.a.kubectl("delete", "lease", mhlib.LEASE_NAME, "-n", mhlib.LEASE_NS)
+        t_fault = c.probe_change(name, pods)
+
+        def recreated() -> bool:
+            got = mhlib.lease(c.a)
+            return bool(got and got["metadata"]["uid"] != uid and holder(c.a))
+        wait_for(recreated, timeout=90, interval=0.2, what="the Lease made again, with a holder")
+        recovered = time.time() - t_fault
+        reconciled = c.wait_probe(name, pods, t_fault)
+        time.sleep(3)
+    out = c.check("lease deleted")
+    report["lease_deleted"] = out | {"leader_before": ident, "leader_after": holder(c.a),
+                                     "lease_back_with_holder_s": round(recovered, 1),
+                                     "change_reconciled_s": round(reconciled, 1)}
+    print(report["lease_deleted"])
+
+
 def age(host: Host) -> float:
     """Seconds since the host's cnpa-op main process started."""
     pid = unit(host, "MainPID")
@@ -384,34 +413,6 @@ def test_a_controller_older_than_its_first_token_leads_and_serves(cluster):
                                 "token_seconds": TOKEN_SECONDS, "token_unit_runs": renewals,
                                 "change_reconciled_s": round(reconciled, 1)}
     print(report["token_outlived"])
-
-
-def test_lease_deleted(cluster):
-    """The Lease deleted while the workload runs (kubectl delete lease): a controller creates it
-    again (the identity may create that one Lease name and no other), one leads, and the change
-    made right after is served. Before, the identity could not create leases: every host stayed
-    a follower for good."""
-    c = cluster
-    name, pods = c.probe()
-    with c.workload("lease"):
-        time.sleep(3)
-        _, ident = c.leader()
-        uid = mhlib.lease(c.a)["metadata"]["uid"]
-        c.a.kubectl("delete", "lease", mhlib.LEASE_NAME, "-n", mhlib.LEASE_NS)
-        t_fault = c.probe_change(name, pods)
-
-        def recreated() -> bool:
-            got = mhlib.lease(c.a)
-            return bool(got and got["metadata"]["uid"] != uid and holder(c.a))
-        wait_for(recreated, timeout=90, interval=0.2, what="the Lease made again, with a holder")
-        recovered = time.time() - t_fault
-        reconciled = c.wait_probe(name, pods, t_fault)
-        time.sleep(3)
-    out = c.check("lease deleted")
-    report["lease_deleted"] = out | {"leader_before": ident, "leader_after": holder(c.a),
-                                     "lease_back_with_holder_s": round(recovered, 1),
-                                     "change_reconciled_s": round(reconciled, 1)}
-    print(report["lease_deleted"])
 
 
 SOAK_SECONDS = float(os.environ.get("CNPA_SOAK_SECONDS", "300"))
