@@ -1,6 +1,6 @@
 """Drive a running test host from tests: kubectl, systemctl and the audit log inside it.
 
-Shared by tests/host and tests/faults (a module of its own: test modules must not import
+Shared by the tiers that drive a host (a module of its own: test modules must not import
 `conftest`, of which a pytest session has several).
 """
 
@@ -9,8 +9,11 @@ from __future__ import annotations
 import json
 import os
 import re
+import socket
 import subprocess
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -70,6 +73,25 @@ def wait_for(predicate, *, timeout: float, interval: float = 0.25, what: str = "
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout} s waiting for {what}")
         time.sleep(interval)
+
+
+def free_port() -> int:
+    """A TCP port free on loopback now. The test hosts share this machine's network namespace,
+    so a port for a host's service (a controller's metrics, a Prometheus) is chosen here."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def http_get(port: int, path: str, timeout: float = 10) -> tuple[int, str]:
+    """(status, body) of GET http://127.0.0.1:PORT/PATH; status 0 when nothing answers (yet)."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=timeout) as resp:
+            return resp.status, resp.read().decode()
+    except urllib.error.HTTPError as err:
+        return err.code, err.read().decode()
+    except OSError:
+        return 0, ""
 
 
 @contextmanager

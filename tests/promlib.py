@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import re
 import signal
-import socket
 import subprocess
 import time
 import urllib.error
@@ -19,6 +18,7 @@ import urllib.request
 from pathlib import Path
 
 import yaml
+from hostlib import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 DASHBOARD = ROOT / "monitoring/grafana-dashboard.json"
@@ -121,12 +121,6 @@ def exported() -> dict[str, set[str]]:
         if kind == "histogram":
             names[f"{name}_bucket"].add("le")
     return names
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Prometheus:

@@ -20,13 +20,12 @@ import math
 import os
 import re
 import time
-import urllib.request
 
 import yaml
 from ctllib import get_or_none, quota_hard, wait_ready
 from fixtures import teamspace
-from hostlib import wait_for
-from promlib import ALERTS, Prometheus, dashboard, dashboard_targets, free_port, substitute
+from hostlib import free_port, http_get, wait_for
+from promlib import ALERTS, Prometheus, dashboard, dashboard_targets, substitute
 
 from testhost import prometheus
 
@@ -45,10 +44,8 @@ def _holder(host, namespace: str) -> str | None:
 
 
 def _depth(port: int) -> float | None:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
-            text = resp.read().decode()
-    except OSError:
+    status, text = http_get(port, "/metrics", timeout=5)
+    if status != 200:
         return None
     found = re.search(r'^workqueue_depth\{name="teamspace"\} (\S+)$', text, re.MULTILINE)
     return float(found.group(1)) if found else None

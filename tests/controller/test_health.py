@@ -8,32 +8,13 @@ blocks in open(2) as it would on a hung network file system, and no request time
 from __future__ import annotations
 
 import os
-import socket
 import time
-import urllib.error
-import urllib.request
 
 from ctllib import get_or_none, wait_ready
 from fixtures import teamspace
-from hostlib import wait_for
+from hostlib import free_port, wait_for
+from hostlib import http_get as get
 from prometheus_client.parser import text_string_to_metric_families
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def get(port: int, path: str) -> tuple[int, str]:
-    """(status, body); status 0 when nothing answers yet."""
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=10) as resp:
-            return resp.status, resp.read().decode()
-    except urllib.error.HTTPError as err:
-        return err.code, err.read().decode()
-    except OSError:
-        return 0, ""
 
 
 def scrape(port: int) -> dict[tuple[str, frozenset], float]:

@@ -12,33 +12,17 @@ which kills the service and starts it again.
 from __future__ import annotations
 
 import json
-import socket
 import time
-import urllib.error
-import urllib.request
 
 import pytest
 from faultlib import ARCHIVE
-from hostlib import wait_for
+from hostlib import free_port, http_get, wait_for
 
 WATCHDOG_SEC = 5
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def status(port: int, path: str) -> int:
-    """The test host shares this machine's network namespace: its loopback is ours."""
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as resp:
-            return resp.status
-    except urllib.error.HTTPError as err:
-        return err.code
-    except OSError:
-        return 0
+    return http_get(port, path, timeout=5)[0]
 
 
 def fault_tests_follow(request) -> bool:
