@@ -98,6 +98,15 @@ def test_a_renewed_token_file_is_read_again_after_a_401(server, tmp_path):
     assert [auth for _, auth, _ in server.seen] == ["Bearer first", "Bearer first", "Bearer second"]
 
 
+def test_a_token_file_wins_over_a_token_as_client_go_reads_a_kubeconfig(server, tmp_path):
+    """Both in one user: the file (the renewed one) is used, as client-go and the long-running
+    controller use it, so that a pass and the controller never hold different credentials."""
+    (tmp_path / "token").write_text("from-file\n")
+    api = connect(kubeconfig(tmp_path / "k", server.url, "{token: stale, tokenFile: token}"))
+    api.request("GET", "/a")
+    assert [auth for _, auth, _ in server.seen] == ["Bearer from-file"]
+
+
 def test_no_server_is_status_0_not_a_hang(tmp_path):
     api = connect(kubeconfig(tmp_path / "k", "http://127.0.0.1:1", "{token: t}"), timeout=2)
     with pytest.raises(ApiError) as err:

@@ -411,10 +411,12 @@ def connect(kubeconfig: str = "", *, timeout: float = DEFAULT_TIMEOUT, user_agen
                     from None
     headers = {"User-Agent": user_agent or "cnpa-controller"}
     token_file = None
-    if user.get("token"):
-        headers["Authorization"] = f"Bearer {user['token']}"
-    elif user.get("tokenFile"):
+    # tokenFile before token, as client-go reads a kubeconfig: the long-running controller
+    # (through the kubernetes client and TokenFile) and a pass must use the same credentials.
+    if user.get("tokenFile"):
         token_file = TokenFile(os.path.join(user_dir, user["tokenFile"]))
+    elif user.get("token"):
+        headers["Authorization"] = f"Bearer {user['token']}"
     elif user.get("username"):
         pair = f"{user['username']}:{user.get('password', '')}".encode()
         headers["Authorization"] = f"Basic {base64.b64encode(pair).decode()}"
