@@ -211,7 +211,7 @@ def test_an_existing_namespace_with_our_label_is_a_cache_not_yet_updated():
     assert not [c for c in api.calls if c[1].endswith("/events")]
 
 
-def test_a_lost_quota_replace_falls_back_to_a_merge_patch():
+def test_a_lost_quota_replace_falls_back_to_a_patch_guarded_by_the_limits_as_read():
     t = teamspace(finalizers=[FIN], status={"namespaceUID": "ns-1", "observedGeneration": 1})
     ns = {"metadata": {"name": "team-a", "uid": "ns-1", "labels": {plan.LABEL: "a"},
                        "ownerReferences": [plan.owner_reference(t)]}}
@@ -222,8 +222,10 @@ def test_a_lost_quota_replace_falls_back_to_a_merge_patch():
     api = FakeApi(fail={("PUT", qpath): ApiError(409, "Conflict", "modified")})
     result, said, _ = run(api, t, ns, quota)
     assert api.writes()[:2] == [("PUT", qpath), ("PATCH", qpath)]
-    assert api.calls[1][2] == "application/merge-patch+json"
-    assert api.calls[1][3] == {"spec": {"hard": {"pods": "3", "requests.cpu": "1"}}}
+    assert api.calls[1][2] == "application/json-patch+json"
+    assert api.calls[1][3] == [
+        {"op": "test", "path": "/spec/hard", "value": {"pods": "9", "requests.cpu": "1"}},
+        {"op": "replace", "path": "/spec/hard", "value": {"pods": "3", "requests.cpu": "1"}}]
     assert not result.failed
     assert any(s.startswith("quota team-quota set back") for s in said)
     assert [b["reason"] for m, p, _, b in api.calls if p.endswith("/events")] == ["QuotaReverted"]
@@ -273,6 +275,22 @@ def test_an_earlier_record_of_the_same_name_is_kept(tmp_path):
     api = FakeApi()
     _, said, _ = run(api, teamspace(finalizers=[FIN], deleting=True), tmp_path=tmp_path)
     assert said == ["finalizer released"]
+
+
+@pytest.mark.parametrize("found", [b"not json {", b'{"name":"a","pods":1}\n', b"\xff\xfe\x00 torn",
+                                   b'{"uid":"../../x"}'])
+def test_a_record_that_cannot_be_read_is_kept_aside_byte_for_byte(tmp_path, found):
+    """NAME.json that is not a record of ours (torn, edited, another tool's) is never overwritten
+    unread: kept as NAME.unreadable-DIGEST.json, the same name on every pass."""
+    (tmp_path / "a.json").write_bytes(found)
+    for _ in range(2):
+        result, said, _ = run(FakeApi(), teamspace(finalizers=[FIN], deleting=True),
+                              tmp_path=tmp_path)
+        assert not result.failed and said[-1] == "finalizer released"
+    kept = sorted(p.name for p in tmp_path.iterdir() if p.name != "a.json")
+    assert len(kept) == 1 and fnmatch.fnmatchcase(kept[0], "a.unreadable-????????????.json")
+    assert (tmp_path / kept[0]).read_bytes() == found
+    assert json.loads((tmp_path / "a.json").read_text())["uid"] == "u-1"
 
 
 def test_a_broken_archive_directory_refuses_the_release(tmp_path):
@@ -571,3 +589,54 @@ def test_a_torn_copy_of_the_earlier_record_is_made_again(tmp_path):
     (tmp_path / "a.old.json").write_text('{"name":"a","ui')  # left by an older version
     run(FakeApi(), teamspace(finalizers=[FIN], deleting=True), tmp_path=tmp_path)
     assert (tmp_path / "a.old.json").read_text() == earlier
+
+
+# -- every write a deposed leader could still land carries a precondition -----------------------
+
+def _every_intent() -> list:
+    """At least one intent of every kind the plan makes, from states that call for them."""
+    t = teamspace(finalizers=[FIN], status={"namespaceUID": "ns-1", "observedGeneration": 1})
+    ours = {"metadata": {"name": "team-a", "uid": "ns-1", "resourceVersion": "3",
+                         "labels": {plan.LABEL: "a"}, "ownerReferences": [plan.owner_reference(t)]}}
+    quota = {"apiVersion": "v1", "kind": "ResourceQuota",
+             "metadata": {"name": "team-quota", "namespace": "team-a", "resourceVersion": "5"},
+             "spec": {"hard": {"pods": "9", "requests.cpu": "1", "secrets": "1"}}}
+    orphan = {"metadata": {**ours["metadata"], "ownerReferences": []}}
+    intents = [*plan.plan(teamspace(), None, None, NOW),                      # finalizer, creates
+               *plan.plan(teamspace(finalizers=["x"]), None, None, NOW),      # finalizer, not first
+               *plan.plan(teamspace(finalizers=[FIN, FIN]), ours, quota, NOW),
+               *plan.plan(t, orphan, quota, NOW),                             # owner, quota, status
+               *plan.plan(teamspace(finalizers=[FIN], deleting=True), None, None, NOW)]
+    return intents
+
+
+def test_every_write_a_late_leader_could_land_is_conditional():
+    """The fence (is_leader() just before each write, a write timeout of lease - renew seconds)
+    bounds when a write is SENT, not when the API server applies it: a deposed leader's write
+    can land after a takeover. So every write is conditional on the state it was planned from:
+    a replace or merge patch carries the resourceVersion read, a JSON patch starts with a test
+    op, and a create fails when the object exists (a namespace also names its TeamSpace's uid as
+    owner, so one made late for a TeamSpace since deleted is collected). A new kind of write
+    without one fails here."""
+    written = {}
+    kinds = set()
+    for intent in _every_intent():
+        if isinstance(intent, (plan.Report, plan.Archive)):
+            continue   # an Event (create or guarded patch) and a file: no write of the objects
+        kinds.add(type(intent))
+        requests = [request_of(intent, written)]
+        if isinstance(intent, plan.SetQuota):
+            requests.append(request_of(intent, written, fallback=True))
+        for method, path, ctype, body in requests:
+            what = f"{type(intent).__name__}: {method} {path}"
+            if method == "POST":
+                if isinstance(intent, plan.CreateNamespace):
+                    assert body["metadata"]["ownerReferences"][0]["uid"] == intent.uid, what
+                continue
+            if ctype == "application/json-patch+json":
+                assert body[0]["op"] == "test", what
+            else:
+                assert (body.get("metadata") or {}).get("resourceVersion"), what
+    writers = {c for c in vars(plan).values() if isinstance(c, type) and issubclass(c, plan.Intent)
+               and c not in (plan.Intent, plan.Report, plan.Archive)}
+    assert kinds == writers, f"not covered: {writers - kinds}"

@@ -225,8 +225,12 @@ def request_of(intent: plan.Intent, written: dict, *, fallback: bool = False
         return "POST", path_of(intent.quota, collection=True), None, intent.quota
     if isinstance(intent, plan.SetQuota):
         if fallback:
-            return ("PATCH", path_of(intent.quota), MERGE_PATCH,
-                    {"spec": {"hard": {**dict.fromkeys(intent.remove), **intent.hard}}})
+            # Conditional on the limits as read, not on the resourceVersion (which the quota's
+            # status updates keep moving): a late write, such as a deposed leader's, cannot undo
+            # a newer one. Replacing the map removes the limits we do not set.
+            return ("PATCH", path_of(intent.quota), JSON_PATCH,
+                    [{"op": "test", "path": "/spec/hard", "value": intent.was},
+                     {"op": "replace", "path": "/spec/hard", "value": intent.hard}])
         return "PUT", path_of(intent.quota), None, intent.quota
     if isinstance(intent, plan.SetStatus):
         body = json.loads(json.dumps(intent.teamspace_object))
@@ -260,6 +264,23 @@ def is_conflict(exc: ApiError) -> bool:
     text = exc.message.lower()
     return exc.status == 422 and ("rejected our request due to an error in our request" in text
                                   or "testing value" in text)
+
+
+def kept_record_path(d: str, name: str, uid: str, have: str) -> str:
+    """Where the record found at NAME.json is kept before the record of `uid` replaces it: "" when
+    it is an earlier copy of that same deletion's record; NAME.OLDUID.json when it records another
+    deletion of that name; NAME.unreadable-DIGEST.json when it cannot be read as a record (torn by
+    hand, or from a tool of somebody else's): nothing found there is overwritten unread. (Long
+    names: without NAME, as the record itself then is.)"""
+    try:
+        old = json.loads(have).get("uid") or ""
+    except (ValueError, AttributeError):
+        old = ""
+    if old == uid:
+        return ""
+    if not old or not isinstance(old, str) or "/" in old:
+        old = "unreadable-" + hashlib.sha256(have.encode("utf-8", "surrogateescape")).hexdigest()[:12]
+    return os.path.join(d, f"{name}.{old}.json" if len(name) <= 200 else f"{old}.json")
 
 
 def archive_directory_broken(path: str) -> bool:
@@ -441,7 +462,8 @@ class Executor:
         record = json.dumps(w.record, separators=(",", ":"), ensure_ascii=False)
         path = os.path.join(d, f"{name}.json" if len(name) <= 240 else f"{uid}.json")
         try:
-            with open(path, encoding="utf-8") as fh:
+            # Any bytes: a file that is not UTF-8 is kept aside like any unreadable one.
+            with open(path, encoding="utf-8", errors="surrogateescape") as fh:
                 have = fh.read()
         except OSError:
             have = None
@@ -451,12 +473,8 @@ class Executor:
             return
         self._sweep(d)
         if have is not None:
-            try:
-                old = json.loads(have).get("uid") or ""
-            except (ValueError, AttributeError):
-                old = ""
-            if old and old != uid:
-                keep = os.path.join(d, f"{name}.{old}.json" if len(name) <= 200 else f"{old}.json")
+            keep = kept_record_path(d, name, uid, have)
+            if keep:
                 try:
                     self._keep(d, name, keep, have)
                 except OSError:
@@ -544,7 +562,7 @@ class Executor:
         later pass would take for a good one; a copy that exists must be byte for byte the
         earlier record, or it is made again."""
         try:
-            with open(keep, encoding="utf-8") as fh:
+            with open(keep, encoding="utf-8", errors="surrogateescape") as fh:
                 if fh.read() == have:
                     return
         except FileNotFoundError:
@@ -556,7 +574,7 @@ class Executor:
         tmp = None
         try:
             fd, tmp = self._mktemp(d, f".{name}.json.")
-            with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            with os.fdopen(fd, "w", encoding="utf-8", errors="surrogateescape") as fh:
                 fh.write(text)
                 fh.flush()
                 os.fsync(fh.fileno())

@@ -163,11 +163,13 @@ class CreateQuota(Intent, step="quota", op="create"):
 class SetQuota(Intent, step="quota", op="replace"):
     """The quota's limits set to `hard`. First the quota as read (`quota`, with those limits),
     guarded by its resourceVersion; quota admission updates its status on every pod create, and
-    a guarded write can lose to that every time, so then the limits alone, unguarded, with the
-    ones we do not set removed (`remove`). `event`: a revert of somebody's edit is news."""
+    a guarded write can lose to that every time, so then the limits alone, guarded by the limits
+    as read (`was`: a status update does not touch them, a newer write of the limits does), with
+    the ones we do not set removed (`remove`). `event`: a revert of somebody's edit is news."""
 
     quota: dict
     hard: dict
+    was: dict
     remove: tuple
     event: Event | None
 
@@ -473,7 +475,7 @@ def plan(teamspace: dict, namespace: dict | None, quota: dict | None, now: str) 
             writes.append(SetQuota(
                 **_ids(teamspace), says=says, event=event,
                 quota={"apiVersion": "v1", "kind": "ResourceQuota", **body}, hard=hard,
-                remove=tuple(k for k in have if k not in hard)))
+                was=dict(have), remove=tuple(k for k in have if k not in hard)))
 
     # Status last: it is reached only when every write above succeeded, so observedGeneration
     # never claims a generation whose namespace and quota are not in place.
