@@ -91,14 +91,23 @@ class FakeLeases:
         self.lose_answer = False   # the next write is applied, but its answer never comes
         self.writes = []
         self.calls = []
+        self.namespace = True      # the Lease's namespace exists
+        self.latency = 0.0         # seconds each request takes on `clock` (see slow())
+        self.clock = None
 
     def request(self, method, path, *, body=None, timeout=10.0):
         """The controller's Api.request, answered as the API server would."""
         assert timeout <= 10
         self.calls.append(method)
+        if self.latency:
+            self.clock.t += self.latency
         if self.fail is not None:
             raise self.fail
         if method == "GET":
+            if path == "/api/v1/namespaces/cnpa-system":
+                if not self.namespace:
+                    raise ApiError(404, "NotFound", 'namespaces "cnpa-system" not found')
+                return {"metadata": {"name": "cnpa-system"}}
             assert path == PATH
             if self.obj is None:
                 raise ApiError(404, "NotFound")
@@ -518,3 +527,114 @@ def test_alive_while_the_loop_goes_round_within_its_bound():
     assert e.alive()
     now[0] += 0.1
     assert not e.alive()
+
+
+# -- how slow an API server may be ----------------------------------------------------------------
+
+def lapsed_fraction(latency: float, *, renew: float = 7, retry: float = 2, cycles: int = 200) -> float:
+    """The fraction of time a leader whose every renewal succeeds, each taking `latency` seconds,
+    is not allowed to write: run()'s schedule (a renewal starts every retry seconds, or as soon as
+    the one before was answered) on a fake clock."""
+    leases, clock = FakeLeases(), Clock()
+    leases.clock = clock
+    e = Elector(leases, "cnpa-system", "cnpa-op", ME, lease_seconds=renew + 3, renew_seconds=renew,
+                retry_seconds=retry, clock=clock, wall=lambda: 1767225600.0 + clock.t)
+    e.step()
+    assert e.is_leader()
+    leases.latency = latency
+    lapsed, t0 = 0.0, clock.t
+    for _ in range(cycles):
+        began = clock.t
+        valid_until = e._valid_until
+        e.step()   # the clock moves by the request's latency meanwhile
+        lapsed += max(0.0, clock.t - max(valid_until, began))
+        assert e._mine is not None, "every renewal succeeded"
+        clock.t += max(0.0, retry - (clock.t - began))
+    return lapsed / (clock.t - t0)
+
+
+@pytest.mark.parametrize("latency", [0.05, 2.0, 3.0, 3.5])
+def test_renewals_that_succeed_keep_the_fence_while_each_takes_at_most_half_the_renew_period(
+        latency):
+    """leader.py's promise: with every request answered within renew/2 seconds (3.5 s by
+    default), a leader never stops writing."""
+    assert lapsed_fraction(latency) == 0
+
+
+def test_slower_renewals_that_succeed_leave_gaps_of_twice_the_latency_less_the_renew_period():
+    """Beyond renew/2 each renewal, though it succeeds, lands after the fence of the one before
+    lapsed (renewals are sequential: each carries the resourceVersion the one before returned).
+    At 4 s: 1 s in every 4 s; at 5 s: 3 s in every 5 s."""
+    assert lapsed_fraction(4.0) == pytest.approx(0.25, abs=0.01)
+    assert lapsed_fraction(5.0) == pytest.approx(0.6, abs=0.01)
+
+
+# -- a pass's turn on the Lease -------------------------------------------------------------------
+
+def turn(clock, identity=ME):
+    return leader.PassTurn(clock.api, "cnpa-system", "cnpa-op", identity, lease_seconds=4,
+                           renew_seconds=3, retry_seconds=0.5, clock=clock,
+                           wall=lambda: 1767225600.0 + clock.t)
+
+
+def waiting(clock):
+    def wait(seconds):
+        clock.t += seconds
+    return wait
+
+
+def test_a_pass_takes_a_free_lease_writes_under_its_fence_and_gives_it_back(world):
+    leases, clock = world
+    t = turn(clock)
+    assert t.take(wait=waiting(clock)) == t.LEADING and t.may_write()
+    assert leases.spec["holderIdentity"] == ME
+    t.done()
+    assert leases.spec["holderIdentity"] == "" and not t.may_write()
+
+
+def test_a_pass_writes_nothing_while_a_live_controller_holds_the_lease(world):
+    leases, clock = world
+    watch = elector(clock, OTHER)
+    step(watch)
+    t = turn(clock)
+
+    def wait(seconds):   # the watch controller renews while the pass looks
+        clock.t += seconds
+        step(watch)
+
+    assert t.take(wait=wait) == OTHER and not t.may_write()
+    assert leases.spec["holderIdentity"] == OTHER and clock.t < 1000 + 4
+    t.done()
+    assert leases.spec["holderIdentity"] == OTHER
+
+
+def test_a_pass_takes_over_a_lease_whose_holder_stopped_renewing(world):
+    leases, clock = world
+    dead = elector(clock, OTHER)
+    step(dead)          # took it, then died without giving it back
+    t = turn(clock)
+    assert t.take(wait=waiting(clock)) == t.LEADING
+    assert leases.spec["holderIdentity"] == ME and clock.t >= 1000 + 4
+    assert leases.spec["leaseTransitions"] == 2
+    t.done()
+
+
+def test_a_pass_writes_unfenced_only_where_no_lease_can_exist(world):
+    leases, clock = world
+    leases.obj, leases.namespace = None, False
+    t = turn(clock)
+    assert t.take(wait=waiting(clock)) == t.NO_LEASE and t.may_write()
+    assert leases.obj is None and leases.writes == []
+    t.done()
+
+
+def test_a_pass_finding_the_lease_deleted_waits_a_lease_as_any_candidate(world):
+    """Its leader may still be writing under a fence of up to renew seconds: a pass creates the
+    Lease again only once it has been missing for lease_seconds, as an Elector does."""
+    leases, clock = world
+    leases.obj = None
+    t = turn(clock)
+    assert t.take(wait=waiting(clock)) == t.LEADING
+    assert leases.writes[0][0] == "POST" and clock.t >= 1000 + 4
+    t.done()
+    assert leases.spec["holderIdentity"] == ""

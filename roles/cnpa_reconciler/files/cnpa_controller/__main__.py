@@ -42,6 +42,8 @@ class ConfigError(Exception):
     pass
 
 
+# The least time a leader's write may take (lease - renew seconds; see read_config).
+MIN_WRITE_SECONDS = 1.0
 PASS, WATCH = "settings of a pass and of the controller", "settings of the long-running controller"
 # Every setting: flag, environment variable, metavar, what it is (its --help line) and which
 # mode reads it. The defaults quoted are the ones read_config() falls back to.
@@ -72,6 +74,9 @@ OPTIONS = (
     ("--resync-seconds", "CNPA_RESYNC_SECONDS", "SECONDS",
      "every TeamSpace is checked again this often, from the caches, 1-86400 "
      f"(default: {Settings.resync_seconds:g})", WATCH),
+    ("--cache-stale-seconds", "CNPA_CACHE_STALE_SECONDS", "SECONDS",
+     "/readyz fails once a cache's list or watch has failed for this long in a row, 5-3600 "
+     f"(default: {Settings.cache_stale_seconds:g})", WATCH),
     ("--retry-max-seconds", "CNPA_RETRY_MAX_SECONDS", "SECONDS",
      "the longest wait before a failed TeamSpace is retried (the wait starts at 0.5 s and "
      "doubles) "
@@ -80,24 +85,25 @@ OPTIONS = (
      "server-side timeout of a watch before it is resumed, 10-3600, jittered up to twice that "
      f"(default: {Settings.watch_timeout_seconds})", WATCH),
     ("--leader-election", "CNPA_LEADER_ELECTION", None,
-     "hold a coordination.k8s.io Lease and write only while leader (variable: 1), or be the "
-     "only writer (0) (default: on)", WATCH),
+     "hold a coordination.k8s.io Lease and write only while holding it: the controller as long "
+     "as it leads, a pass for its writes, after any other holder has stopped renewing it "
+     "(variable: 1); or write as the only writer (0) (default: on)", PASS),
     ("--lease-namespace", "CNPA_LEASE_NAMESPACE", "NAMESPACE",
-     f"namespace of the Lease (default: {leader.LEASE_NAMESPACE}; the role passes its own "
-     "namespace, cnpa-system, which a bare run cannot assume exists)", WATCH),
+     f"namespace of the Lease (default: {leader.LEASE_NAMESPACE}, the role's; where it does not "
+     "exist nobody can hold the Lease, and a pass writes without it)", PASS),
     ("--lease-name", "CNPA_LEASE_NAME", "NAME", f"name of the Lease (default: {leader.LEASE_NAME})",
-     WATCH),
+     PASS),
     ("--lease-identity", "CNPA_LEASE_IDENTITY", "ID",
      "this process's identity in the Lease and its User-Agent, 1-128 of A-Z a-z 0-9 . _ - "
-     "(default: HOSTNAME_RANDOM)", WATCH),
+     "(default: HOSTNAME_RANDOM)", PASS),
     ("--lease-seconds", "CNPA_LEASE_SECONDS", "SECONDS",
-     f"lease duration, whole seconds (default: {leader.LEASE_SECONDS})", WATCH),
+     f"lease duration, whole seconds (default: {leader.LEASE_SECONDS})", PASS),
     ("--renew-seconds", "CNPA_RENEW_SECONDS", "SECONDS",
-     "a leader that has not renewed for this long stops writing; less than --lease-seconds "
-     f"(default: {leader.RENEW_SECONDS})", WATCH),
+     "a leader that has not renewed for this long stops writing; at least "
+     f"{MIN_WRITE_SECONDS:g} s less than --lease-seconds (default: {leader.RENEW_SECONDS})", PASS),
     ("--lease-retry-seconds", "CNPA_LEASE_RETRY_SECONDS", "SECONDS",
      f"the Lease is acquired or renewed this often; less than --renew-seconds "
-     f"(default: {leader.RETRY_SECONDS})", WATCH),
+     f"(default: {leader.RETRY_SECONDS})", PASS),
     ("--metrics-address", "CNPA_METRICS_ADDRESS", "HOST:PORT",
      "serve Prometheus metrics on /metrics there, and /healthz and /readyz (default: off; "
      "the role serves them on 127.0.0.1:9808)", WATCH),
@@ -118,8 +124,8 @@ Every flag has an environment variable, named in brackets; a flag given wins ove
 stdout: one line per write that went through ("teamspace NAME: WHAT"); with --plan, the planned
 writes as JSON lines instead. stderr: problems ("TeamSpace NAME: MESSAGE") and the controller's
 news (caches synced, leadership, watches re-listed), each line "TIME LEVEL cnpa-op: MESSAGE"
-(time in UTC), or with --log-format json one JSON object per line: time, level, logger, msg,
-and teamspace when the line is about one.
+(time in UTC). With --log-format json every line of both is one JSON object: time, level,
+logger, msg, and teamspace when the line is about one (a write's msg is its text line).
 
 Exit status of the controller: 0 stopped by a signal; 3 bad configuration (the message names
 the flag or variable); 4 the archive directory is missing or was replaced (systemd restarts the
@@ -145,8 +151,9 @@ def parser() -> Parser:
     p.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--once", action="store_true",
-                      help="one pass over every TeamSpace from a fresh list, no leader election, "
-                      "then exit (what reconcile.sh runs, under its lock and deadline)")
+                      help="one pass over every TeamSpace from a fresh list, its writes made in "
+                      "a turn on the Lease, then exit (what reconcile.sh runs, under its lock and "
+                      "deadline)")
     mode.add_argument("--plan", action="store_true",
                       help="that pass's writes as JSON lines on stdout; nothing written")
     groups = {title: p.add_argument_group(title) for title in (PASS, WATCH)}
@@ -213,6 +220,25 @@ def namespace_name(env: dict, var: str, default: str, name: str = "") -> str:
     return value
 
 
+def listen_address(var: str, text: str) -> tuple[str, int]:
+    """HOST:PORT to serve on: an IPv4 address or name, or an IPv6 address in brackets
+    ([::1]:9808; metrics.serve listens on IPv6 then)."""
+    host, _colon, port = text.rpartition(":")
+    bracketed = host.startswith("[") and host.endswith("]")
+    if bracketed:
+        host = host[1:-1]
+    if (not host or not port.isdigit() or not 0 < int(port) < 65536
+            or (":" in host and not bracketed)):
+        raise ConfigError(f"{var}={text!r}: must be HOST:PORT, an IPv6 address in brackets "
+                          "([::1]:9808)")
+    if bracketed:
+        try:
+            socket.inet_pton(socket.AF_INET6, host)
+        except OSError:
+            raise ConfigError(f"{var}={text!r}: {host!r} is not an IPv6 address") from None
+    return host, int(port)
+
+
 def read_config(env: dict, flags: dict | None = None) -> dict:
     """Every setting, checked; ConfigError names the first bad one: its flag if flags (variable
     -> flag) says a flag set it, else its variable."""
@@ -241,6 +267,7 @@ def read_config(env: dict, flags: dict | None = None) -> dict:
         resync_seconds=num("CNPA_RESYNC_SECONDS", d.resync_seconds, 1, 86400),
         workers=int(num("CNPA_WORKERS", d.workers, 1, 64, integer=True)),
         retry_max_seconds=num("CNPA_RETRY_MAX_SECONDS", d.retry_max_seconds, 0.5, 3600),
+        cache_stale_seconds=num("CNPA_CACHE_STALE_SECONDS", d.cache_stale_seconds, 5, 3600),
         watch_timeout_seconds=int(num("CNPA_WATCH_TIMEOUT_SECONDS", d.watch_timeout_seconds, 10,
                                       3600, integer=True)),
         list_page_size=int(num("CNPA_LIST_PAGE_SIZE", d.list_page_size, 1, 10000, integer=True)),
@@ -272,13 +299,17 @@ def read_config(env: dict, flags: dict | None = None) -> dict:
         raise ConfigError(f"{name('CNPA_LEASE_RETRY_SECONDS')} < {name('CNPA_RENEW_SECONDS')} < "
                           f"{name('CNPA_LEASE_SECONDS')} must hold (got {lease['retry_seconds']:g}, "
                           f"{lease['renew_seconds']:g}, {lease['lease_seconds']:g})")
+    # A write checked against the fence just before it lapses is sent with lease - renew seconds
+    # to land (the write timeout below): less than MIN_WRITE_SECONDS passes validation only to
+    # fail every write of a leader whose API server is a few hundred milliseconds away.
+    if lease["lease_seconds"] - lease["renew_seconds"] < MIN_WRITE_SECONDS:
+        raise ConfigError(f"{name('CNPA_LEASE_SECONDS')} - {name('CNPA_RENEW_SECONDS')} must be at "
+                          f"least {MIN_WRITE_SECONDS:g} s: it is how long a leader's write may take "
+                          f"(got {lease['lease_seconds']:g} - {lease['renew_seconds']:g})")
     metrics_address = None
     text = env.get("CNPA_METRICS_ADDRESS") or ""
     if text:
-        host, _colon, port = text.rpartition(":")
-        if not host or not port.isdigit() or not 0 < int(port) < 65536:
-            raise ConfigError(f"{name('CNPA_METRICS_ADDRESS')}={text!r}: must be HOST:PORT")
-        metrics_address = (host.strip("[]"), int(port))
+        metrics_address = listen_address(name("CNPA_METRICS_ADDRESS"), text)
     if election == "1":
         settings.not_leader_retry_seconds = lease["retry_seconds"]
         # A write checked against the fence just before it lapses must land before another
@@ -350,7 +381,9 @@ def main(env: dict | None = None, argv: list | tuple = ()) -> int:
         user_agent = f"cnpa-controller/{conf['lease']['identity']}"
         if args.once or args.plan:
             # A pass needs no kubernetes client: its import alone costs more than an idle pass.
-            api = connect(conf["kubeconfig"], timeout=settings.request_timeout,
+            # A pass's writes are fenced by the Lease as the controller's are: the same timeout.
+            api = connect(conf["kubeconfig"],
+                          timeout=settings.write_timeout or settings.request_timeout,
                           user_agent=user_agent, env=env)
         else:
             client = api_client(conf["kubeconfig"], settings.workers + 8, name=kubeconfig)
@@ -362,7 +395,8 @@ def main(env: dict | None = None, argv: list | tuple = ()) -> int:
         log.error("%s: %s", kubeconfig, exc)
         return EXIT_CONFIG
     if args.once or args.plan:
-        return one_pass(api, settings, plan_only=args.plan)
+        return one_pass(api, settings, conf["lease"] if conf["election"] else None,
+                        plan_only=args.plan)
     # Only the long-running controller has metrics (prometheus_client: a pass starts faster).
     try:
         from .metrics import Metrics
@@ -414,24 +448,27 @@ def main(env: dict | None = None, argv: list | tuple = ()) -> int:
     return controller.run()
 
 
-def one_pass(api, settings: Settings, *, plan_only: bool) -> int:
-    """--once / --plan: one pass from a fresh list, no leader election (reconcile.sh's mode: the
-    lab's one host, passes taking turns on a lock)."""
+def one_pass(api, settings: Settings, lease: dict | None, *, plan_only: bool) -> int:
+    """--once / --plan: one pass from a fresh list (reconcile.sh's mode: passes on one host take
+    turns on a lock). lease: the Lease the pass takes its turn on before it writes (None with
+    --no-leader-election: it writes as the only writer)."""
     from .controller import utc_now
     from .once import run_pass
 
     def say(name: str, what: str) -> None:
-        print(f"teamspace {name}: {what}", flush=True)
+        print(logs.write_line(name, what), flush=True)
 
     def plan_line(line: str) -> None:
         print(line)
 
+    turn = None
+    if lease is not None and not plan_only:
+        turn = leader.PassTurn(api, lease["namespace"], lease["name"], lease["identity"],
+                               lease_seconds=lease["lease_seconds"],
+                               renew_seconds=lease["renew_seconds"],
+                               retry_seconds=lease["retry_seconds"])
     try:
-        return run_pass(api, archive_dir=settings.archive_dir,
-                        event_namespace=settings.event_namespace,
-                        archive_namespace=settings.archive_namespace,
-                        page_size=settings.list_page_size, request_timeout=settings.request_timeout,
-                        workers=settings.workers, now=utc_now(), say=say,
+        return run_pass(api, settings, now=utc_now(), say=say, turn=turn,
                         plan_only=plan_line if plan_only else None)
     except Exception:
         log.exception("internal error; pass aborted:")

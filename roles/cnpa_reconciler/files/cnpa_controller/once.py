@@ -5,8 +5,15 @@ kind the plan reads, the plan of every TeamSpace, and its writes, the TeamSpaces
 (each one's writes in the plan's order, so its archive record is on disk before its finalizer
 goes). A pass over a converged cluster writes nothing.
 
-Exit status as reconcile.sh's: 0 converged or converging; 1 some TeamSpace failed or has a
-problem no write can fix (named on stderr, retried next pass); 2 the API server could not be read
+A pass that has something to write takes its turn on the controllers' Lease first (leader
+PassTurn), as every writer does, whichever mode runs where: while another process holds the
+Lease and renews it, the pass writes nothing (that process writes); where the Lease's namespace
+does not exist, no controller can hold it and the pass writes unfenced. A pass with nothing to
+write sends no request beyond its lists.
+
+Exit status as reconcile.sh's: 0 converged or converging (another controller's writes
+included); 1 some TeamSpace failed or has a problem no write can fix (named on stderr, retried
+next pass), or the pass lost the Lease before it was done; 2 the API server could not be read
 (nothing written); 4 the archive directory is missing or was replaced. reconcile.sh adds the lock
 (75) and the deadline (124); the caller maps an internal error to 3.
 """
@@ -18,10 +25,10 @@ import logging
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable
 
-from . import plan
+from . import leader, plan
 from .api import Api, ApiError
 from .cache import Caches
-from .controller import EXIT_ARCHIVE, EXIT_OK
+from .controller import EXIT_ARCHIVE, EXIT_OK, Settings
 from .executor import Executor
 
 EXIT_FAILED, EXIT_UNREADABLE = 1, 2
@@ -51,13 +58,14 @@ def plans(caches: Caches, now: str) -> list[tuple[dict, list]]:
     return out
 
 
-def run_pass(api: Api, *, archive_dir: str, event_namespace: str, archive_namespace: str,
-             page_size: int, request_timeout: float, workers: int, now: str,
-             say: Callable[[str, str], None],
+def run_pass(api: Api, settings: Settings, *, now: str, say: Callable[[str, str], None],
+             turn: leader.PassTurn | None = None,
              plan_only: Callable[[str], None] | None = None) -> int:
-    """One pass; plan_only: print each planned write (one JSON line) and write nothing."""
+    """One pass. turn: the Lease to take before writing (None: this is the only writer);
+    plan_only: print each planned write (one JSON line) and write nothing."""
     try:
-        caches = read_state(api, page_size=page_size, request_timeout=request_timeout)
+        caches = read_state(api, page_size=settings.list_page_size,
+                            request_timeout=settings.request_timeout)
     except ApiError as exc:
         log.error("cannot list TeamSpaces, namespaces or quotas (API server unreachable or CRD "
                   "missing?); pass aborted, nothing written: %s", exc)
@@ -70,13 +78,30 @@ def run_pass(api: Api, *, archive_dir: str, event_namespace: str, archive_namesp
         return EXIT_OK
     if not todo:
         return EXIT_OK
-    executor = Executor(api, archive_dir=archive_dir, event_namespace=event_namespace,
-                        archive_namespace=archive_namespace, observe=caches.observe,
-                        say=say)
-    with ThreadPoolExecutor(max(1, min(workers, len(todo)))) as pool:
-        results = list(pool.map(lambda item: executor.execute(item[0], item[1], now), todo))
+    if turn is not None:
+        got = turn.take()
+        if got not in (turn.LEADING, turn.NO_LEASE):
+            log.warning("lease %s is held by %s, which renews it: this pass writes nothing "
+                        "(%d TeamSpaces to reconcile; that controller writes)",
+                        turn.elector.describe(), got, len(todo))
+            return EXIT_OK
+    try:
+        executor = Executor(api, archive_dir=settings.archive_dir,
+                            event_namespace=settings.event_namespace,
+                            archive_namespace=settings.archive_namespace,
+                            may_write=turn.may_write if turn is not None else lambda: True,
+                            observe=caches.observe, say=say)
+        with ThreadPoolExecutor(max(1, min(settings.workers, len(todo)))) as pool:
+            results = list(pool.map(lambda item: executor.execute(item[0], item[1], now), todo))
+    finally:
+        if turn is not None:
+            turn.done()
     if any(r.archive_broken for r in results):
         return EXIT_ARCHIVE
+    if any(r.not_leader for r in results):
+        log.warning("the pass lost lease %s before it was done; the next pass goes on",
+                    turn.elector.describe() if turn is not None else "")
+        return EXIT_FAILED
     if any(r.failed or r.problems for r in results):
         return EXIT_FAILED
     return EXIT_OK
