@@ -103,12 +103,16 @@ def exported() -> dict[str, set[str]]:
 
     from prometheus_client.parser import text_string_to_metric_families
 
+    from cnpa_controller.api import ApiError
     from cnpa_controller.controller import Controller, Settings
     from cnpa_controller.metrics import KNOWN, Metrics
 
     metrics = Metrics()
-    Controller(SimpleNamespace(), Settings(archive_dir="/nonexistent"), metrics=metrics,
-               out=io.StringIO())
+    c = Controller(SimpleNamespace(), Settings(archive_dir="/nonexistent"), metrics=metrics,
+                   out=io.StringIO())
+    # cnpa_watch_failures_total's series are born at a cache's first failure (its codes are not
+    # known before): one failure here.
+    c.caches.namespaces._failed(ApiError(403, "Forbidden", "watch"))
     names: dict[str, set[str]] = {"up": set()}
     for family in text_string_to_metric_families(metrics.render()):
         for sample in family.samples:

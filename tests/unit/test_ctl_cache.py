@@ -81,6 +81,10 @@ class FakeApi:
         return w
 
 
+# A watch that ends normally: a bookmark, then the server's timeout.
+BOOKMARK = Stream([{"type": "BOOKMARK", "object": {"metadata": {"resourceVersion": "20"}}}])
+
+
 def run_informer(api, **kw):
     stop = threading.Event()
     api.stop = stop
@@ -195,14 +199,27 @@ def test_caches_select_as_reconcile_sh_lists_and_queue_names():
 
 
 @pytest.mark.parametrize("code", [500, 403])
-def test_a_watch_error_event_other_than_gone_resumes_without_relist(code):
+def test_a_watch_the_server_fails_or_refuses_lists_again(code):
+    """As client-go's reflector: what changed while the watch failed reached no watch."""
+    api = FakeApi(
+        pages=[{None: {"metadata": {"resourceVersion": "10"}, "items": []}},
+               {None: {"metadata": {"resourceVersion": "12"}, "items": [obj("team-b", 11)]}}],
+        watches=[Stream([{"type": "ERROR", "object": {"kind": "Status", "code": code}}]), BOOKMARK])
+    inf, _ = run_informer(api)
+    assert inf.relists == 2 and inf.list_keys() == ["team-b"]
+    assert [q["resourceVersion"] for k, q in api.calls if k == "watch"][:2] == ["10", "12"]
+    assert inf.failures == {str(code): 1}
+
+
+def test_a_watch_without_an_answer_or_told_to_slow_down_resumes_without_listing():
     api = FakeApi(
         pages=[{None: {"metadata": {"resourceVersion": "10"}, "items": []}}],
-        watches=[Stream([{"type": "ERROR", "object": {"kind": "Status", "code": code}}]),
-                 Stream([])])
+        watches=[ApiError(0, "", "connection refused"),
+                 Stream([{"type": "ERROR", "object": {"kind": "Status", "code": 429}}]), BOOKMARK])
     inf, _ = run_informer(api)
     assert inf.relists == 1
-    assert [q["resourceVersion"] for k, q in api.calls if k == "watch"][:2] == ["10", "10"]
+    assert [q["resourceVersion"] for k, q in api.calls if k == "watch"][:3] == ["10", "10", "10"]
+    assert inf.failures == {"<error>": 1, "429": 1}
 
 
 def test_a_watch_that_ends_at_once_with_nothing_is_a_failure_not_a_spin():
@@ -243,3 +260,40 @@ def test_opaque_resource_versions_follow_the_watch():
     for rv in ("a1", "b7", "c3"):
         inf._event({"type": "MODIFIED", "object": obj("team-a", rv)})
     assert inf.get("team-a")["metadata"]["resourceVersion"] == "c3"
+
+
+def test_a_cache_whose_watch_keeps_failing_turns_stale_though_lists_succeed():
+    """A lost watch permission: every list works, every watch is refused. Stale once that has
+    lasted stale_seconds; relists do not end it, a watch that stays open or brings news does."""
+    now = [0.0]
+    inf = Informer(None, "Namespace", "/x", stale_seconds=30, clock=lambda: now[0])
+    assert inf.stale() == 0
+    inf._failed(ApiError(403, "Forbidden", "watch is forbidden"))
+    now[0] = 20
+    inf._failed(ApiError(403, "Forbidden", "watch is forbidden"))  # after a relist that worked
+    assert inf.stale() == 0
+    now[0] = 31
+    assert inf.stale() == 31 and "forbidden" in inf.last_error
+    inf._watching(True)   # opened, and ended at once by the server: no news
+    now[0] = 31.5
+    inf._watching(False)
+    assert inf.stale() == 31.5
+    inf._watching(True)   # a watch that stays open works, quiet or not
+    now[0] = 33
+    assert inf.stale() == 0
+    inf._watching(False)
+    inf._failed(ApiError(0, "", "connection refused"))
+    now[0] = 70
+    assert inf.stale() == 37
+    inf._heard()          # an event or a bookmark
+    assert inf.stale() == 0
+    assert inf.failures == {"403": 2, "<error>": 1}
+
+
+def test_a_refused_watch_is_counted_and_listed_again_every_time():
+    api = FakeApi(
+        pages=[{None: {"metadata": {"resourceVersion": str(10 + i)}, "items": []}}
+               for i in range(4)],
+        watches=[ApiError(403, "Forbidden", "no watch")] * 3 + [BOOKMARK])
+    inf, _ = run_informer(api)
+    assert inf.failures == {"403": 3} and inf.relists == 4

@@ -69,3 +69,29 @@ def test_healthz_names_a_stuck_worker_and_readyz_what_is_not_ready(tmp_path):
     c.heartbeats.beat("main")   # the main loop goes on; worker-0 is stuck
     assert c.healthz() == ["worker-0: stuck for 40 s (more than 33 s)"]
     assert c.readyz() == c.healthz()
+
+
+def test_a_cache_whose_watch_keeps_failing_fails_readyz_not_healthz(tmp_path):
+    """Never blind while ready: a watch refused for longer than cache_stale_seconds (a lost
+    permission) is named by /readyz; /healthz stays ok (a restart would not help)."""
+    from cnpa_controller.api import ApiError
+
+    now = [0.0]
+    c = Controller(NoApi(), Settings(archive_dir=str(tmp_path), cache_stale_seconds=30),
+                   make_elector=Candidate, out=io.StringIO())
+    for informer in c.caches.all:
+        informer.synced.set()
+        informer._clock = lambda: now[0]
+    c.workers_started.set()
+    c.heartbeats.beat("main")
+    namespaces = c.caches.namespaces
+    namespaces._failed(ApiError(403, "Forbidden", 'namespaces is forbidden: cannot "watch"'))
+    now[0] = 29.0
+    assert c.readyz() == []
+    now[0] = 31.0
+    [problem] = c.readyz()
+    assert problem.startswith("cache of Namespace stale: its list or watch has failed for 31 s")
+    assert "forbidden" in problem
+    assert c.healthz() == []
+    namespaces._heard()   # watching again
+    assert c.readyz() == []

@@ -1,4 +1,5 @@
-"""stderr's lines carry their time (UTC) and level, as text or JSON; stdout's lines do not change."""
+"""stderr's lines carry their time (UTC) and level, as text or JSON; stdout's write lines are the
+pass's text in text mode and JSON objects of the same fields in JSON mode."""
 
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ TEXT_LINE = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z (DEBUG|INFO|WARN
 def logged():
     """What logs.setup() writes, into a string; the process's logging as it was afterwards."""
     root, ours = logging.getLogger(), logging.getLogger("cnpa_controller")
-    handlers, levels = list(root.handlers), (root.level, ours.level)
+    handlers, levels, fmt = list(root.handlers), (root.level, ours.level), logs._format
     stream = io.StringIO()
 
     def setup(fmt: str = "text", level: str = "info") -> io.StringIO:
@@ -36,6 +37,7 @@ def logged():
     root.handlers[:] = handlers
     root.setLevel(levels[0])
     ours.setLevel(levels[1])
+    logs._format = fmt
 
 
 def test_text_lines_have_time_and_level_on_every_line(logged):
@@ -118,3 +120,13 @@ def test_bad_log_settings_exit_3_named_in_a_text_line(env, named):
     assert proc.returncode == 3
     [line] = proc.stderr.splitlines()
     assert TEXT_LINE.fullmatch(line) and named in line, line
+
+
+def test_write_lines_are_the_pass_s_text_or_one_json_object(logged):
+    logged("text")
+    assert logs.write_line("a", "quota team-quota created") == "teamspace a: quota team-quota created"
+    logged("json")
+    entry = json.loads(logs.write_line("a", "quota team-quota created"))
+    assert entry["msg"] == "teamspace a: quota team-quota created" and entry["teamspace"] == "a"
+    assert entry["level"] == "info" and entry["logger"] == "cnpa_controller.write"
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", entry["time"])

@@ -64,9 +64,55 @@ def test_a_controller_starts_its_reconcile_counters_at_zero(tmp_path):
                out=io.StringIO())
     text = m.render()
     assert sample(text, "controller_runtime_reconcile_errors_total", controller="teamspace") == 0
-    for result in ("success", "error", "requeue_after"):
+    for result in ("success", "error"):
         assert sample(text, "controller_runtime_reconcile_total", controller="teamspace",
                       result=result) == 0
+    assert "requeue_after" not in text
+    # No election, no Lease: no leader series at all (client-go exports none either).
+    assert sample(text, "leader_election_master_status") is None
+
+
+def test_a_follower_reconciles_nothing_and_counts_what_it_left_apart(tmp_path):
+    """controller-runtime's non-leaders do not reconcile: a follower's look at a TeamSpace is no
+    reconcile (no controller_runtime_* or cnpa_reconciles_total sample), and one with something
+    to write counts in cnpa_not_leader_total; once it leads, its reconciles count."""
+    import io
+    from types import SimpleNamespace
+
+    import fixtures
+
+    from cnpa_controller.controller import Controller, Settings
+
+    leading = [False]
+
+    class Elector:
+        name = "cnpa-op"
+
+        def __init__(self, on_change):
+            pass
+
+        def is_leader(self):
+            return leading[0]
+
+    m = Metrics()
+    c = Controller(SimpleNamespace(), Settings(archive_dir=str(tmp_path)), metrics=m,
+                   make_elector=Elector, out=io.StringIO())
+    c.caches.teamspaces._store["a"] = fixtures.teamspace("a", 3, "1", uid="u-1", generation=1)
+    for _ in range(3):
+        c._reconciled(c.reconcile("a"), 0.01)
+    c._reconciled(c.reconcile("gone"), 0.01)
+    text = m.render()
+    assert m.get("cnpa_not_leader_total") == 3
+    assert sample(text, "controller_runtime_reconcile_total", controller="teamspace",
+                  result="success") == 0
+    assert sample(text, "controller_runtime_reconcile_time_seconds_count",
+                  controller="teamspace") is None
+    assert "cnpa_reconciles_total{" not in text
+    assert sample(text, "leader_election_master_status", name="cnpa-op") == 0
+    leading[0] = True
+    c._reconciled(c.reconcile("gone"), 0.01)
+    assert m.get("controller_runtime_reconcile_total",
+                 {"controller": "teamspace", "result": "success"}) == 1
 
 
 def test_each_metrics_has_its_own_registry():
@@ -151,9 +197,14 @@ def test_api_requests_are_counted_by_code_and_timed_by_resource():
                   host="127.0.0.1:6443") == 1
     assert sample(text, "rest_client_requests_total", code="404", method="GET") == 1
     assert sample(text, "rest_client_requests_total", code="<error>", method="PUT") == 1
+    # client-go's labels: {verb, host}; by resource under our own name.
     assert sample(text, "rest_client_request_duration_seconds_count", verb="GET",
+                  host="127.0.0.1:6443") == 2
+    assert "resource=" not in "".join(line for line in text.splitlines()
+                                      if line.startswith("rest_client_"))
+    assert sample(text, "cnpa_api_request_duration_seconds_count", verb="GET",
                   resource="teamspaces") == 1
-    assert sample(text, "rest_client_request_duration_seconds_count", verb="PUT",
+    assert sample(text, "cnpa_api_request_duration_seconds_count", verb="PUT",
                   resource="leases") == 1
 
 

@@ -19,8 +19,18 @@ What each informer asks for is what a pass (once.py) lists, and for the same rea
 A watch ends normally after the server's timeout (timeoutSeconds, jittered so that the kinds do
 not all reconnect at once) and is resumed from the last resourceVersion seen (bookmarks keep it
 fresh, so a resume rarely finds it too old). A resume that is answered 410 Gone (the version was
-compacted away) starts a full relist; any other break (connection lost, API server restarted)
-is retried with capped exponential backoff, and a relist that fails is retried the same way.
+compacted away) starts a full relist. As client-go's reflector: a watch the API server refuses
+or fails (403 after a lost permission, 500, 429, any status) lists again, after capped
+exponential backoff, since what happened meanwhile reached no watch; a break without an answer
+(connection refused or lost, API server restarting) resumes the watch where it was; a relist
+that fails is retried the same way.
+
+Never blind while ready: an informer is stale once its list or watch has failed for longer than
+stale_seconds in a row, with no event or bookmark and no watch open for a second since (stale()):
+the controller's
+/readyz then says so, and the metrics count every failure by resource and code. Lists alone do
+not end a run of failures: a cache refreshed only by relists every backoff is no longer
+watching.
 """
 
 from __future__ import annotations
@@ -36,6 +46,8 @@ from .api import DEFAULT_TIMEOUT, Api, ApiError
 from .plan import API_VERSION, LABEL, QUOTA
 
 NAMESPACE_PREFIX = "team-"
+# Seconds a watch must stay open to count as working (shorter, with nothing in it: a failure).
+SHORT_WATCH = 1.0
 
 log = logging.getLogger(__name__)
 
@@ -87,7 +99,8 @@ class Informer:
                  field_selector: str | None = None,
                  on_change: Callable[[dict], None] = lambda obj: None,
                  page_size: int = 500, watch_timeout: int = 300, backoff_cap: float = 30.0,
-                 request_timeout: float = DEFAULT_TIMEOUT) -> None:
+                 request_timeout: float = DEFAULT_TIMEOUT, stale_seconds: float = 30.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.api = api
         self.kind = kind
         self.path = path
@@ -101,6 +114,15 @@ class Informer:
         self.resource_version = ""
         self.relists = 0  # full lists made (the first one included)
         self.watches = 0  # watch requests made
+        self.stale_seconds = stale_seconds
+        self._clock = clock
+        # HTTP status (or "<error>": no answer) -> lists and watches that failed with it.
+        self.failures: dict[str, int] = {}
+        self.last_error = ""
+        # Our clock when the current run of failures began (None: the watch works), and when the
+        # watch now open was opened (None: none is).
+        self._failing_since: float | None = None
+        self._watching_since: float | None = None
         self._lock = threading.Lock()
         self._store: dict[str, dict] = {}
         self._deleted: dict[str, str | None] = {}  # key -> resourceVersion of its deletion
@@ -139,6 +161,39 @@ class Informer:
                     self._store[key] = obj
             elif _newer(rv, (have.get("metadata") or {}).get("resourceVersion")):
                 self._store[key] = obj
+
+    # -- health ------------------------------------------------------------------------------
+    def _failed(self, exc: Exception) -> None:
+        code = str(exc.status) if isinstance(exc, ApiError) and exc.status else "<error>"
+        with self._lock:
+            self.failures[code] = self.failures.get(code, 0) + 1
+            self.last_error = str(exc)[:300]
+            if self._failing_since is None:
+                self._failing_since = self._clock()
+
+    def _heard(self) -> None:
+        """The watch works: an event or a bookmark came."""
+        if self._failing_since is not None:
+            with self._lock:
+                self._failing_since = None
+
+    def _watching(self, opened: bool) -> None:
+        with self._lock:
+            self._watching_since = self._clock() if opened else None
+
+    def stale(self) -> float:
+        """Seconds this informer's list or watch has been failing for, once that is longer than
+        stale_seconds; 0 while it works (or fails for less). A watch open for a second counts
+        as working (a quiet one may bring nothing for minutes); one that the server ends at once
+        (client-go's "very short watch") does not end a run of failures."""
+        with self._lock:
+            now = self._clock()
+            if self._watching_since is not None and now - self._watching_since >= SHORT_WATCH:
+                self._failing_since = None
+            if self._failing_since is None:
+                return 0.0
+            failing = now - self._failing_since
+        return failing if failing > self.stale_seconds else 0.0
 
     # -- list and watch ----------------------------------------------------------------------
     def relist(self) -> None:
@@ -213,6 +268,7 @@ class Informer:
                 raise Gone(f"watch of {self.kind}: {exc.message}") from exc
             raise
         self._response = resp
+        self._watching(True)
         began, events = time.monotonic(), 0
         try:
             buf = b""
@@ -227,8 +283,10 @@ class Informer:
                         self._event(json.loads(line))
         finally:
             self._response = None
+            self.stale()   # a watch that lasted is a success even if nothing came
+            self._watching(False)
             resp.release_conn()
-        if not events and time.monotonic() - began < 1:
+        if not events and time.monotonic() - began < SHORT_WATCH:
             # A watch the server (or a proxy) ends at once, with nothing in it, is a failure
             # (client-go's "very short watch"): resumed at once it would spin.
             raise ApiError(0, "ShortWatch", f"watch of {self.kind} ended at once with no event")
@@ -241,6 +299,7 @@ class Informer:
             raise ApiError(int(obj.get("code") or 0), str(obj.get("reason") or ""),
                            str(obj.get("message") or "watch error"))
         rv = (obj.get("metadata") or {}).get("resourceVersion")
+        self._heard()
         if kind == "BOOKMARK":
             self.resource_version = rv or self.resource_version
             return
@@ -284,6 +343,7 @@ class Informer:
                 delay = 0.0
             except Gone as exc:
                 log.info("%s; listing %s again", exc, self.kind)
+                self._failed(ApiError(410, "Expired", str(exc)))
                 need_list = True
                 # Paced: a server that answers every watch with 410 must not be made to list
                 # everything in a tight loop.
@@ -291,12 +351,20 @@ class Informer:
             except Exception as exc:  # a broken stream, no connection, a refused request
                 if stop.is_set():
                     return
+                self._failed(exc)
                 # A watch that ran for a while before it broke is a fresh failure, not one more.
                 if not need_list and time.monotonic() - started > 60:
                     delay = 0.0
                 delay = min(self.backoff_cap, max(0.2, delay * 2))
                 what = "list" if need_list else "watch"
-                log.warning("%s of %s failed (%s); retrying in %.1f s", what, self.kind, exc, delay)
+                if isinstance(exc, ApiError) and exc.status not in (0, 429):
+                    # Refused or failed by the API server (a lost permission, an error): what
+                    # changed meanwhile reached no watch, so list again (client-go's reflector).
+                    # Without an answer (status 0), or told to slow down (429), the watch
+                    # resumes where it was, as the reflector's retriable watch errors do.
+                    need_list = True
+                log.warning("%s of %s failed (%s); retrying in %.1f s%s", what, self.kind, exc,
+                            delay, ", then listing again" if need_list and what == "watch" else "")
 
     def close(self) -> None:
         """Break the current watch (at shutdown), so that its thread ends."""

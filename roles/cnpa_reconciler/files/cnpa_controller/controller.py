@@ -25,7 +25,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from . import health, plan
+from . import health, logs, plan
 from .api import DEFAULT_TIMEOUT, Api
 from .cache import Caches
 from .executor import Executor
@@ -81,6 +81,8 @@ class Settings:
     workers: int = 32
     retry_max_seconds: float = 30.0
     watch_timeout_seconds: int = 300
+    # /readyz fails once a cache's list or watch has failed for this long in a row (cache.py).
+    cache_stale_seconds: float = 30.0
     list_page_size: int = 500
     metrics_textfile: str = ""
     metrics_textfile_seconds: float = 15.0
@@ -129,10 +131,13 @@ class NoMetrics:
         pass
 
 
-# controller-runtime's result label for each of ours (cnpa_reconciles_total's).
+# controller-runtime's result label for each of ours (cnpa_reconciles_total's). A process that
+# does not lead reconciles nothing (as controller-runtime's do not): its "standby" (nothing to
+# write) and "not_leader" (something to write) are counted apart, the latter in
+# cnpa_not_leader_total.
 RUNTIME_RESULT = {"converged": "success", "written": "success", "problem": "success",
-                  "gone": "success", "failed": "error", "internal_error": "error",
-                  "not_leader": "requeue_after"}
+                  "gone": "success", "failed": "error", "internal_error": "error"}
+NOT_RECONCILED = ("standby", "not_leader")
 CONTROLLER = "teamspace"
 
 
@@ -169,11 +174,14 @@ class Controller:
             api.observe = self.metrics.request
         # The elector tells this controller when leadership changes (on_change, from run() on).
         self.elector = (make_elector or AlwaysLeader)(self.leader_changed)
-        self.lease_name = getattr(self.elector, "name", "") or "none"
-        self.metrics.set("leader_election_master_status", 0, {"name": self.lease_name})
+        # Without election there is no Lease, and no leader series (client-go exports none).
+        self.lease_name = getattr(self.elector, "name", "")
+        if self.lease_name:
+            self.metrics.set("leader_election_master_status", 0, {"name": self.lease_name})
         self.caches = Caches(api, self.queue.add, page_size=settings.list_page_size,
                              watch_timeout=settings.watch_timeout_seconds,
-                             request_timeout=max(settings.request_timeout, 30.0))
+                             request_timeout=max(settings.request_timeout, 30.0),
+                             stale_seconds=settings.cache_stale_seconds)
         self.executor = Executor(api, archive_dir=settings.archive_dir,
                                  event_namespace=settings.event_namespace,
                                  archive_namespace=settings.archive_namespace,
@@ -184,8 +192,9 @@ class Controller:
     # -- output (the journal) --------------------------------------------------------------
     def say(self, name: str, what: str) -> None:
         """One line per write that went through, as a pass prints them."""
+        line = logs.write_line(name, what)
         with self._print_lock:
-            print(f"teamspace {name}: {what}", file=self.out, flush=True)
+            print(line, file=self.out, flush=True)
 
     def _count(self, name: str, labels: dict | None = None) -> None:
         self.metrics.inc(name, labels)
@@ -196,9 +205,10 @@ class Controller:
             log.info("became the leader")
         else:
             log.warning("lost the leadership; not writing")
-        lease = {"name": self.lease_name}
-        self.metrics.set("leader_election_master_status", 1 if leading else 0, lease)
-        self.metrics.inc("cnpa_leader_transitions_total", lease)
+        if self.lease_name:
+            lease = {"name": self.lease_name}
+            self.metrics.set("leader_election_master_status", 1 if leading else 0, lease)
+            self.metrics.inc("cnpa_leader_transitions_total", lease)
         if leading:
             # Whatever changed while another process led (or none did) is reconciled now.
             self.enqueue_all()
@@ -218,15 +228,16 @@ class Controller:
     def reconcile(self, name: str) -> str:
         """Reconcile one TeamSpace; the result (cnpa_reconciles_total's label, or gone)."""
         teamspace, namespace, quota = self.caches.state(name)
+        leading = self.elector.is_leader()
         if teamspace is None:
             self.queue.forget(name)  # gone: its namespace goes with it (ownerReference)
-            return "gone"
+            return "gone" if leading else "standby"
         now = utc_now()
         writes = plan.plan(teamspace, namespace, quota, now)
         if not writes:
             self.queue.forget(name)
-            return "converged"
-        if not self.elector.is_leader():
+            return "converged" if leading else "standby"
+        if not leading:
             self._not_leader(name)
             return "not_leader"
         result = self.executor.execute(teamspace, writes, now)
@@ -270,6 +281,10 @@ class Controller:
             self.heartbeats.forget(who)   # a worker that ended at shutdown is not wedged
 
     def _reconciled(self, result: str, seconds: float) -> None:
+        if result in NOT_RECONCILED:
+            if result == "not_leader":
+                self.metrics.inc("cnpa_not_leader_total")
+            return
         runtime = {"controller": CONTROLLER}
         self.metrics.observe("controller_runtime_reconcile_time_seconds", seconds, runtime)
         self.metrics.inc("controller_runtime_reconcile_total",
@@ -311,6 +326,11 @@ class Controller:
                          if not inf.synced.is_set()]
         elif not self.workers_started.is_set():
             problems.append("workers not started")
+        for inf in self.caches.all:
+            failing = inf.stale()
+            if failing:
+                problems.append(f"cache of {inf.kind} stale: its list or watch has failed for "
+                                f"{failing:.0f} s ({inf.last_error})")
         alive = getattr(self.elector, "alive", None)
         if alive is not None and not alive():
             problems.append("leader election loop not running")

@@ -5,7 +5,10 @@ multi-line message (a traceback) carries the prefix too, so that a grep of the j
 JSON: {"time", "level", "logger", "msg"} and "teamspace" when the line is about one (a record
 logged with extra={"teamspace": NAME}).
 
-stdout is not logging: its one line per write ("teamspace NAME: WHAT") stays as it is.
+stdout has one line per write that went through (write_line): "teamspace NAME: WHAT" in text
+mode, as a pass has always printed it; in JSON mode one JSON object too, of the same fields
+(logger cnpa_controller.write, msg the text line), so that a log pipeline reading the journal
+(where stdout and stderr meet) parses every line of the unit.
 """
 
 from __future__ import annotations
@@ -51,9 +54,26 @@ class Handler(logging.StreamHandler):
     """(A class of its own so that setup() finds the one it added.)"""
 
 
+_format = "text"   # setup()'s: write_line's too
+
+
+def write_line(teamspace: str, what: str) -> str:
+    """stdout's line for one write that went through (see the module's docstring)."""
+    text = f"teamspace {teamspace}: {what}"
+    if _format != "json":
+        return text
+    now = time.time()
+    return json.dumps({"time": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now))
+                       + f".{int(now % 1 * 1000):03d}Z", "level": "info",
+                       "logger": "cnpa_controller.write", "msg": text, "teamspace": teamspace},
+                      ensure_ascii=False)
+
+
 def setup(fmt: str = "text", level: str = "info", stream=None) -> None:
     """Our loggers at `level`; the libraries' (urllib3, the kubernetes client) at warning or above,
     through the same handler so that their lines have a time and level too."""
+    global _format
+    _format = fmt
     handler = Handler(stream or sys.stderr)
     handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
     root = logging.getLogger()

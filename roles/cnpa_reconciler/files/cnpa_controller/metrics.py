@@ -18,8 +18,10 @@ from __future__ import annotations
 
 import os
 import platform
+import socket
 import sys
 import threading
+import time
 from typing import Any, Callable
 from urllib.parse import urlsplit
 
@@ -47,8 +49,8 @@ REQUEST_BUCKETS = (0.005, 0.025, 0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 15.0, 30.0,
 # name -> (type, help, label names, histogram buckets)
 KNOWN: dict[str, tuple[str, str, tuple[str, ...], tuple[float, ...]]] = {
     "controller_runtime_reconcile_total": (
-        "counter", "Reconciles, by result: success, error, requeue_after (another process "
-        "leads).", ("controller", "result"), ()),
+        "counter", "Reconciles of the leader (or of the only writer), by result: success, "
+        "error.", ("controller", "result"), ()),
     "controller_runtime_reconcile_errors_total": (
         "counter", "Reconciles that failed and are retried with backoff.", ("controller",), ()),
     "controller_runtime_reconcile_time_seconds": (
@@ -68,6 +70,9 @@ KNOWN: dict[str, tuple[str, str, tuple[str, ...], tuple[float, ...]]] = {
         "counter", "API requests, by status code (<error>: no answer), method and host.",
         ("code", "method", "host"), ()),
     "rest_client_request_duration_seconds": (
+        "histogram", "API request latency until the answer's headers, by verb and host "
+        "(client-go's labels).", ("verb", "host"), REQUEST_BUCKETS),
+    "cnpa_api_request_duration_seconds": (
         "histogram", "API request latency until the answer's headers, by verb and resource.",
         ("verb", "resource"), REQUEST_BUCKETS),
     "leader_election_master_status": (
@@ -76,8 +81,11 @@ KNOWN: dict[str, tuple[str, str, tuple[str, ...], tuple[float, ...]]] = {
         "counter", "Times this process became or stopped being the leader.", ("name",), ()),
     "cnpa_resyncs_total": ("counter", "Resyncs, each queueing every cached TeamSpace.", (), ()),
     "cnpa_reconciles_total": (
-        "counter", "TeamSpaces reconciled, by result: converged, written, problem, failed, "
-        "not_leader.", ("result",), ()),
+        "counter", "TeamSpaces reconciled by the leader (or the only writer), by result: "
+        "converged, written, problem, failed.", ("result",), ()),
+    "cnpa_not_leader_total": (
+        "counter", "TeamSpaces with something to write that this process left alone because "
+        "it does not lead (looked at again once it does; not reconciles).", (), ()),
     "cnpa_writes_total": ("counter", "API writes sent, by plan step and operation.",
                           ("step", "op"), ()),
     "cnpa_errors_total": ("counter", "Failures, by reason.", ("reason",), ()),
@@ -118,13 +126,23 @@ class _Collected:
                                         labels=["resource"])
             synced = GaugeMetricFamily("cnpa_cache_synced", "1 once the cache has been listed.",
                                        labels=["resource"])
+            stale = GaugeMetricFamily(
+                "cnpa_cache_stale", "1 while the cache's list or watch has failed for longer "
+                "than CNPA_CACHE_STALE_SECONDS in a row (/readyz fails then).", labels=["resource"])
+            failures = CounterMetricFamily(
+                "cnpa_watch_failures", "Lists and watches of the caches that failed, by HTTP "
+                "status (<error>: no answer; 410: expired, listed again).",
+                labels=["resource", "code"])
             for informer in self.caches.all:
                 resource = informer.path.rsplit("/", 1)[-1]
                 restarts.add_metric([resource], max(0, informer.watches - 1))
                 relists.add_metric([resource], max(0, informer.relists - 1))
                 objects.add_metric([resource], len(informer))
                 synced.add_metric([resource], 1 if informer.synced.is_set() else 0)
-            yield from (restarts, relists, objects, synced)
+                stale.add_metric([resource], 1 if informer.stale() else 0)
+                for code, count in sorted(dict(informer.failures).items()):
+                    failures.add_metric([resource, code], count)
+            yield from (restarts, relists, objects, synced, stale, failures)
         if self.queue is not None:
             depth = GaugeMetricFamily("workqueue_depth", "Names waiting in the work queue.",
                                       labels=["name"])
@@ -134,11 +152,73 @@ class _Collected:
                 "How long the longest-running worker has been on its current name.",
                 labels=["name"])
             longest.add_metric([QUEUE], self.queue.longest_running())
+            unfinished = GaugeMetricFamily(
+                "workqueue_unfinished_work_seconds",
+                "Seconds of work in progress not yet observed by work_duration (the sum over the "
+                "names being processed); large values mean stuck workers.", labels=["name"])
+            unfinished.add_metric([QUEUE], self.queue.unfinished())
+            active = GaugeMetricFamily("controller_runtime_active_workers",
+                                       "Workers reconciling a TeamSpace now.",
+                                       labels=["controller"])
+            active.add_metric([CONTROLLER], self.queue.active())
             timers = GaugeMetricFamily(
                 "cnpa_queue_timers", "Delayed retries pending, superseded ones included (a count "
                 "that grows with uptime is a leak).")
             timers.add_metric([], self.queue.timers())
-            yield from (depth, longest, timers)
+            yield from (depth, longest, unfinished, active, timers)
+
+
+class ProcessMetrics:
+    """prometheus_client's process_* series, read from /proc/self only.
+
+    The installed unit runs with ProcSubset=pid, which hides /proc/stat; prometheus_client's
+    ProcessCollector needs its boot time (btime) and, without it, yields nothing at all, so the
+    dashboard's CPU, memory and file descriptor panels were empty on every real install. The
+    start time is taken from CLOCK_BOOTTIME instead, the clock /proc/self/stat's starttime counts
+    on; everything else comes from /proc/self as before."""
+
+    PROC = "/proc/self"
+
+    def __init__(self, proc: str = PROC) -> None:
+        self.proc = proc
+        self.ticks = os.sysconf("SC_CLK_TCK")
+        self.pagesize = os.sysconf("SC_PAGE_SIZE")
+
+    def describe(self) -> list:
+        return []
+
+    def collect(self):
+        try:
+            with open(os.path.join(self.proc, "stat"), "rb") as fh:
+                # The fields after the command, which may itself hold spaces and parentheses.
+                fields = fh.read().rsplit(b")", 1)[-1].split()
+        except OSError:
+            return
+        # fields[0] is the state (field 3 of proc(5)): field N is fields[N - 3].
+        utime, stime = int(fields[11]), int(fields[12])
+        started_ticks, vsize, rss_pages = int(fields[19]), int(fields[20]), int(fields[21])
+        booted = time.time() - time.clock_gettime(time.CLOCK_BOOTTIME)
+        yield GaugeMetricFamily("process_virtual_memory_bytes", "Virtual memory size in bytes.",
+                                value=float(vsize))
+        yield GaugeMetricFamily("process_resident_memory_bytes", "Resident memory size in bytes.",
+                                value=float(rss_pages * self.pagesize))
+        yield GaugeMetricFamily("process_start_time_seconds",
+                                "Start time of the process since unix epoch in seconds.",
+                                value=booted + started_ticks / self.ticks)
+        yield CounterMetricFamily("process_cpu_seconds_total",
+                                  "Total user and system CPU time spent in seconds.",
+                                  value=(utime + stime) / self.ticks)
+        try:
+            yield GaugeMetricFamily("process_open_fds", "Number of open file descriptors.",
+                                    value=float(len(os.listdir(os.path.join(self.proc, "fd")))))
+            with open(os.path.join(self.proc, "limits"), "rb") as fh:
+                for line in fh:
+                    if line.startswith(b"Max open files"):
+                        yield GaugeMetricFamily("process_max_fds",
+                                                "Maximum number of open file descriptors.",
+                                                value=float(line.split()[3]))
+        except OSError:
+            pass
 
 
 class QueueMetrics:
@@ -179,7 +259,7 @@ class Metrics:
         self._metrics["cnpa_build_info"].labels(_version(), platform.python_version()).set(1)
         self._collected = _Collected()
         self.registry.register(self._collected)
-        prometheus_client.ProcessCollector(registry=self.registry)
+        self.registry.register(ProcessMetrics())
         prometheus_client.PlatformCollector(registry=self.registry)
 
     def _declare(self, name: str, kind: str, text: str, labels: tuple[str, ...],
@@ -225,8 +305,9 @@ class Metrics:
     def request(self, host: str, method: str, resource: str, code: str, seconds: float) -> None:
         """One API request (api.Api.observe): client-go's rest_client metrics."""
         self._metrics["rest_client_requests_total"].labels(code, method, host_of(host)).inc()
-        self._metrics["rest_client_request_duration_seconds"].labels(method, resource).observe(
+        self._metrics["rest_client_request_duration_seconds"].labels(method, host_of(host)).observe(
             seconds)
+        self._metrics["cnpa_api_request_duration_seconds"].labels(method, resource).observe(seconds)
 
     # -- reading -----------------------------------------------------------------------------
     def get(self, name: str, labels: dict | None = None) -> float | None:
@@ -275,7 +356,11 @@ class Metrics:
             def log_message(self, format, *args) -> None:  # a scrape every few seconds is not news
                 pass
 
-        server = http.server.ThreadingHTTPServer((host, port), Handler)
+        class Server(http.server.ThreadingHTTPServer):
+            # An IPv6 address ([::1]:PORT) needs a socket of that family: the default is IPv4.
+            address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
+
+        server = Server((host, port), Handler)
         server.daemon_threads = True
         threading.Thread(target=server.serve_forever, name="metrics-http", daemon=True).start()
         return server

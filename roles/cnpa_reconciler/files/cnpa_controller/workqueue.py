@@ -169,6 +169,17 @@ class WorkQueue:
                 return 0.0
             return max(0.0, self._clock() - min(self._started_at.values()))
 
+    def unfinished(self) -> float:
+        """Seconds of the work in progress so far, summed over the names being processed."""
+        with self._cond:
+            now = self._clock()
+            return sum(max(0.0, now - at) for at in self._started_at.values())
+
+    def active(self) -> int:
+        """Names being processed now (one per busy worker)."""
+        with self._cond:
+            return len(self._processing)
+
     def delayed(self) -> int:
         """Names waiting for a delayed add (at most one timer each)."""
         with self._cond:
