@@ -638,3 +638,12 @@ def test_a_pass_finding_the_lease_deleted_waits_a_lease_as_any_candidate(world):
     assert leases.writes[0][0] == "POST" and clock.t >= 1000 + 4
     t.done()
     assert leases.spec["holderIdentity"] == ""
+
+
+def test_a_pass_that_may_not_read_the_lease_writes_nothing_and_says_so(world, caplog):
+    leases, clock = world
+    leases.fail = ApiError(403, "Forbidden", 'leases "cnpa-op" is forbidden')
+    t = turn(clock)
+    assert t.take(wait=waiting(clock)) == t.REFUSED and not t.may_write()
+    assert clock.t == 1000 and leases.calls == ["GET"]
+    assert "needs get, update and create on that Lease" in caplog.text

@@ -408,9 +408,10 @@ class PassTurn:
     writes, the Lease is renewed from a thread of its own (may_write() is the fence); done()
     gives it up at once, so that the next pass, or a watch controller, takes it without waiting.
 
-    Returns of take(): LEADING, NO_LEASE, or the identity of the live holder."""
+    Returns of take(): LEADING, NO_LEASE, REFUSED (the Lease may not be read: the pass writes
+    nothing and says which permission is missing), or the identity of the live holder."""
 
-    LEADING, NO_LEASE = "leading", "no-lease"
+    LEADING, NO_LEASE, REFUSED = "leading", "no-lease", "refused"
 
     def __init__(self, api: Api, namespace: str, name: str, identity: str, *,
                  lease_seconds: float = LEASE_SECONDS, renew_seconds: float = RENEW_SECONDS,
@@ -426,8 +427,9 @@ class PassTurn:
 
     def take(self, wait=time.sleep) -> str:
         e = self.elector
-        if self._namespace_missing():
-            self.outcome = self.NO_LEASE
+        first_look = self._first_look()
+        if first_look:
+            self.outcome = first_look
             return self.outcome
         deadline = self._clock() + e.lease_seconds + 2 * e.retry_seconds + 2 * e._timeout
         first: dict | None = None
@@ -463,20 +465,27 @@ class PassTurn:
             if self._renewer is not None:
                 self._renewer.join(2 * self.elector._timeout + 1)
 
-    def _namespace_missing(self) -> bool:
-        """The Lease is missing and so is its namespace (one GET each, only when the Lease is)."""
+    def _first_look(self) -> str:
+        """NO_LEASE when the Lease is missing and so is its namespace (one GET each, the second
+        only when the Lease is missing); REFUSED when this identity may not read the Lease; ""
+        otherwise (take() campaigns; a transient error is read again there)."""
         e = self.elector
         try:
             self.api.request("GET", e.path, timeout=e._timeout)
-            return False
+            return ""
         except ApiError as err:
+            if err.status in (401, 403):
+                log.error("%s: cannot read lease %s (%s): this pass writes nothing; the identity "
+                          "needs get, update and create on that Lease (the role grants them)",
+                          e.identity, e.describe(), err)
+                return self.REFUSED
             if err.status != 404:
-                return False   # take() reads it again and says what is wrong
+                return ""
         try:
             self.api.request("GET", f"/api/v1/namespaces/{e.namespace}", timeout=e._timeout)
         except ApiError as err:
-            return err.status == 404
-        return False
+            return self.NO_LEASE if err.status == 404 else ""
+        return ""
 
 
 def lease_event(api: Api, namespace: str, lease: str, identity: str, became_leader: bool, *,

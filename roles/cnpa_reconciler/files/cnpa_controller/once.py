@@ -13,9 +13,9 @@ write sends no request beyond its lists.
 
 Exit status as reconcile.sh's: 0 converged or converging (another controller's writes
 included); 1 some TeamSpace failed or has a problem no write can fix (named on stderr, retried
-next pass), or the pass lost the Lease before it was done; 2 the API server could not be read
-(nothing written); 4 the archive directory is missing or was replaced. reconcile.sh adds the lock
-(75) and the deadline (124); the caller maps an internal error to 3.
+next pass), or the pass lost the Lease before it was done or may not read it; 2 the API server
+could not be read (nothing written); 4 the archive directory is missing or was replaced.
+reconcile.sh adds the lock (75) and the deadline (124); the caller maps an internal error to 3.
 """
 
 from __future__ import annotations
@@ -80,6 +80,8 @@ def run_pass(api: Api, settings: Settings, *, now: str, say: Callable[[str, str]
         return EXIT_OK
     if turn is not None:
         got = turn.take()
+        if got == turn.REFUSED:
+            return EXIT_FAILED
         if got not in (turn.LEADING, turn.NO_LEASE):
             log.warning("lease %s is held by %s, which renews it: this pass writes nothing "
                         "(%d TeamSpaces to reconcile; that controller writes)",
