@@ -35,9 +35,17 @@
 #   CNPA_PASS_DEADLINE    seconds a whole pass may take (default: 60)
 #   CNPA_LOCK_FILE        passes on one host take turns on this lock (default:
 #                         /run/cnpa-op/pass.lock): a manual run beside the service waits
+#   CNPA_LEASE_NAMESPACE, CNPA_LEASE_NAME
+#                         the Lease every writer takes turns on (default: cnpa-system/cnpa-op,
+#                         the watch controllers' too): a pass with something to write takes it
+#                         first and gives it back at the end; while another process holds it and
+#                         renews it, the pass writes nothing. Where that namespace does not exist
+#                         (the lab's first passes), nobody can hold it and the pass just writes.
+#                         CNPA_LEADER_ELECTION=0: no Lease at all (the only writer).
 #
-# Exit status: 0 converged or converging; 1 some TeamSpace could not be reconciled (named on
-# stderr, retried next pass); 2 the API server could not be read (nothing was written);
+# Exit status: 0 converged or converging (another controller holding the Lease included); 1 some
+# TeamSpace could not be reconciled (named on stderr, retried next pass), or the Lease was lost
+# mid-pass or may not be read; 2 the API server could not be read (nothing was written);
 # 3 internal error or bad setting (the message names it); 4 the archive directory is missing or
 # was replaced (the service's sandbox still sees the old one: the service loop exits on 4 so
 # that systemd restarts it with fresh mounts); 75 another pass held the lock for too long;
