@@ -39,7 +39,10 @@ def test_metrics_parse_and_the_histograms_move_under_load(host, start_controller
     assert total(before, "cnpa_build_info") == 1
     assert total(before, "process_resident_memory_bytes") > 0
     assert total(before, "cnpa_cache_synced") == 3
-    assert total(before, "leader_election_master_status") == 1   # leader election off: leads
+    # Leader election off: no Lease, so no leader series (client-go exports none either).
+    assert not [n for n, _ls in before if n == "leader_election_master_status"]
+    assert total(before, "cnpa_cache_stale") == 0
+    assert total(before, "controller_runtime_active_workers") == 0
 
     names = [f"ctl-met-{i}" for i in range(6)]
     for name in names:
@@ -59,8 +62,10 @@ def test_metrics_parse_and_the_histograms_move_under_load(host, start_controller
     assert grew("workqueue_adds_total", name="teamspace") >= 6
     assert grew("workqueue_queue_duration_seconds_count", name="teamspace") >= 6
     assert grew("workqueue_work_duration_seconds_count", name="teamspace") >= 6
-    assert grew("rest_client_request_duration_seconds_count", verb="POST",
+    assert grew("cnpa_api_request_duration_seconds_count", verb="POST",
                 resource="namespaces") >= 6
+    # client-go's labels (verb, host): the namespace and the quota created, 2 per TeamSpace.
+    assert grew("rest_client_request_duration_seconds_count", verb="POST") >= 12
     assert grew("rest_client_requests_total", code="201", method="POST") >= 6
     assert grew("cnpa_writes_total", step="quota", op="create") >= 6
     assert total(after, "cnpa_cache_objects", resource="teamspaces") >= 6
