@@ -2,6 +2,7 @@
 """The project's two entry points, with set-up included.
 
     python3 dev.py test            lint + unit tests + real-host tests + `molecule test`
+    python3 dev.py test --long     the same with the long forms of the soak and chaos tests
     python3 dev.py lab             the whole lab: on the k3s VM itself when this machine has
                                    /etc/rancher/k3s/k3s.yaml, else against a local throwaway
                                    test host (CNPA_LAB_TESTHOST=1 forces the test host)
@@ -122,14 +123,44 @@ def lint() -> int:
     return sh([str(BIN / "pytest"), "-q", "tests/lint"])
 
 
-def test(extra: list[str]) -> int:
+# `python3 dev.py test --long`: the same tests in their long forms (docs/faults.md): each variable
+# stretches one test that runs on every commit in a short form.
+LONG_FORMS = {
+    "CNPA_SOAK_SECONDS": "1800",   # tests/multihost/test_watch_faults.py::test_soak, 30 min
+}
+# pytest-xdist workers: the host tests mostly wait on their hosts (Ansible runs, API server
+# restarts, timed faults), so more workers than cores still shorten the run (docs/figures.md).
+WORKERS = os.environ.get("CNPA_TEST_WORKERS") or "2"
+LOGS = ROOT / ".cache" / "test-logs"
+
+
+def test(extra: list[str], long: bool = False) -> int:
     # One pytest run, so its closing line counts everything: unit tests, linters, the real
     # host's properties, and `molecule test` (the lab end to end, verified against the cluster).
-    # Two workers (pytest-xdist): the tests sharing a host stay together (tests/conftest.py).
-    return sh([str(BIN / "pytest"), "-v", "-rfE", "--durations=10",
-               "-n", "2", "--dist", "loadscope", "--no-loadscope-reorder",
-               "tests/unit", "tests/lint", "tests/host", "tests/controller", "tests/faults",
-               "tests/multihost", "tests/molecule", "tests/collection", *extra])
+    # The tests sharing a host stay together in one worker (tests/conftest.py). Meanwhile the
+    # test hosts' cache is filled in the background (testhost/prepare.py): on a fresh machine the
+    # downloads then run beside the builds, and the unit tests beside both.
+    LOGS.mkdir(parents=True, exist_ok=True)
+    env = dict(LONG_FORMS) if long else {}
+    if long:
+        say("long forms: " + ", ".join(f"{k}={v}" for k, v in LONG_FORMS.items()))
+    with open(LOGS / "prepare.log", "w") as log:
+        prepare = subprocess.Popen([str(BIN / "python"), "-m", "testhost", "prepare"], cwd=ROOT,
+                                   stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        return sh([str(BIN / "pytest"), "-v", "-rfE", "--durations=10",
+                   "-n", WORKERS, "--dist", "loadscope", "--no-loadscope-reorder",
+                   "tests/unit", "tests/lint", "tests/host", "tests/controller", "tests/faults",
+                   "tests/multihost", "tests/molecule", "tests/collection", *extra], env=env)
+    finally:
+        # Long done on any run that got as far as a test host; a failure of it shows in the
+        # tests that needed the piece (they make it themselves and say why it failed).
+        if prepare.poll() is None:
+            prepare.terminate()
+            prepare.wait(60)
+        if prepare.returncode:
+            say(f"preparing the test hosts' cache failed (exit {prepare.returncode}): "
+                f"{LOGS / 'prepare.log'}")
 
 
 def lab_reset_args(*, own_testhost: bool, reset: bool, interactive: bool,
@@ -187,7 +218,7 @@ def lab(destroy: bool, reset: bool, extra: list[str]) -> int:
 
 
 # Which command each option belongs to; given with another command it is refused.
-OPTION_COMMANDS = {"destroy": "lab", "reset": "lab", "check": "docs"}
+OPTION_COMMANDS = {"destroy": "lab", "reset": "lab", "check": "docs", "long": "test"}
 # The commands that pass arguments after `--` on (to pytest, to ansible-playbook).
 EXTRA_COMMANDS = ("test", "lab")
 
@@ -207,6 +238,8 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
                              "without asking")
     parser.add_argument("--check", action="store_true",
                         help="with docs: only say whether docs/lab.md is up to date")
+    parser.add_argument("--long", action="store_true",
+                        help="with test: the long forms of the soak and chaos tests (LONG_FORMS)")
     extra: list[str] = []
     if "--" in argv:
         cut = argv.index("--")
@@ -234,7 +267,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "lint":
         return lint()
     if args.command == "test":
-        return test(extra)
+        return test(extra, long=args.long)
     if args.command == "lab":
         return lab(args.destroy, args.reset, extra)
     if args.command == "docs":

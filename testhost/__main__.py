@@ -17,6 +17,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m testhost", description=__doc__)
     sub = parser.add_subparsers(dest="cmd", required=True)
     sub.add_parser("build", help="build (or reuse) the cached control-plane binaries and kine")
+    sub.add_parser("prepare", help="fill the whole cache a test run uses (the builds, both "
+                   "suites' rootfs, Prometheus), the downloads beside the compiles")
     p = sub.add_parser("rootfs", help="build (or reuse) the cached rootfs tarball")
     p.add_argument("--suite", choices=rootfs.SUITES, default=rootfs.SUITE,
                    help=f"Debian release of the rootfs (default {rootfs.SUITE})")
@@ -51,6 +53,10 @@ def main(argv: list[str] | None = None) -> int:
         if args.cmd == "build":
             print(build_mod.build())
             print(build_mod.build_kine())
+        elif args.cmd == "prepare":
+            from .prepare import prepare
+
+            prepare()
         elif args.cmd == "rootfs":
             print(rootfs.ensure(args.suite))
         elif args.cmd == "create":

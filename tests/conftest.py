@@ -9,27 +9,34 @@ for path in (TESTS.parent, TESTS):
     if str(path) not in sys.path:
         sys.path.insert(0, str(path))
 
-# `dev.py test` runs two pytest-xdist workers (-n 2 --dist loadscope). The host tests mostly wait on
-# their hosts (Ansible runs, API server restarts, timed faults), so two of them side by side take
-# little more than the longer one. Tests that share a session host must run in one worker, in
-# order: each directory's host is made once per worker, and two workers making "pytest-host" would
-# fight over it. These are the work units, longest first: every other module (unit tests,
-# linters) is a unit of its own, after them, and serves as filler (below).
+# `dev.py test` runs pytest-xdist workers (-n, CNPA_TEST_WORKERS; --dist loadscope). The host tests
+# mostly wait on their hosts (Ansible runs, API server restarts, timed faults), so two of them side
+# by side take little more than the longer one. Tests that share a session host must run in one
+# worker, in order: each directory's host is made once per worker, and two workers making
+# "pytest-host" would fight over it. A module with hosts of its own (named for it) is a unit of its
+# own, so that it can run beside its directory's others. These are the work units, with the minutes
+# each took in the last measured run (docs/figures.md), run longest first; every other module
+# (unit tests, linters) is a unit of its own, after them, and serves as filler (below).
 # (Not --dist loadgroup: pytest-xdist 3.8 marks its groups in item._nodeid, which pytest 9 no
 # longer reads, so every test became a group of its own.)
-# Longest first, in minutes of the CI run of 2026-12-06 (59 min) less what was cut since:
-# multihost 34, host 23, faults 15 (18), molecule default 11, collection 8, controller 8.5 (12,
-# when all of it ran on etcd too), molecule controller 5.
-SHARED_HOSTS = ["tests/multihost/", "tests/host/", "tests/faults/",
-                "tests/molecule/test_molecule.py::test_molecule_default", "tests/collection/",
-                "tests/controller/", "tests/molecule/test_molecule.py::test_molecule_controller"]
+HOST_UNITS = {
+    "tests/multihost/": 34,
+    "tests/host/": 13,
+    "tests/faults/": 15,
+    "tests/molecule/test_molecule.py::test_molecule_default": 11,
+    "tests/host/test_lab_reset.py": 8,
+    "tests/collection/": 8,
+    "tests/controller/": 8,
+    "tests/molecule/test_molecule.py::test_molecule_controller": 5,
+    "tests/host/test_datastores.py": 2,
+}
+SHARED_HOSTS = sorted(HOST_UNITS, key=HOST_UNITS.get, reverse=True)
 
 
 def _unit_of(nodeid: str) -> str:
-    for prefix in SHARED_HOSTS:
-        if nodeid.startswith(prefix):
-            return prefix
-    return nodeid.rsplit("::", 1)[0]
+    """The host unit a test belongs to (the longest prefix that names it), else its module."""
+    units = [prefix for prefix in HOST_UNITS if nodeid.startswith(prefix)]
+    return max(units, key=len) if units else nodeid.rsplit("::", 1)[0]
 
 
 def pytest_collection_modifyitems(config, items):

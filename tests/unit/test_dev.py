@@ -66,7 +66,8 @@ def actions(monkeypatch):
     monkeypatch.setattr(dev, "apt_install", lambda *a: done.append(("apt_install", a)))
     monkeypatch.setattr(dev, "sh", lambda cmd, **kw: done.append(("sh", cmd)) or 0)
     monkeypatch.setattr(dev, "lint", lambda: done.append(("lint",)) or 0)
-    monkeypatch.setattr(dev, "test", lambda extra: done.append(("test", extra)) or 0)
+    monkeypatch.setattr(dev, "test", lambda extra, long=False:
+                        done.append(("test", extra, long) if long else ("test", extra)) or 0)
     monkeypatch.setattr(dev, "lab", lambda destroy, reset, extra:
                         done.append(("lab", destroy, reset, extra)) or 0)
 
@@ -98,6 +99,20 @@ def test_unknown_or_misplaced_argument_is_refused_with_usage_and_nothing_done(ar
     assert actions == []
 
 
+def test_long_belongs_to_test(actions, capsys):
+    with pytest.raises(SystemExit):
+        dev.main(["lab", "--long"])
+    assert "--long belongs to `test`, not to `lab`" in capsys.readouterr().err
+    assert actions == []
+
+
+def test_the_long_forms_stretch_tests_that_exist(tmp_path):
+    """Each variable of LONG_FORMS is read by a test that runs on every commit."""
+    tests = "".join(p.read_text() for p in (dev.ROOT / "tests").rglob("test_*.py"))
+    for var in dev.LONG_FORMS:
+        assert f'"{var}"' in tests, var
+
+
 def test_check_with_lab_names_the_command_it_belongs_to(actions, capsys):
     with pytest.raises(SystemExit):
         dev.main(["lab", "--check"])
@@ -109,6 +124,7 @@ def test_check_with_lab_names_the_command_it_belongs_to(actions, capsys):
     (["test", "--", "-k", "name"], ("test", ["-k", "name"])),
     (["test", "--", "-n", "0", "--", "x"], ("test", ["-n", "0", "--", "x"])),
     (["test"], ("test", [])),
+    (["test", "--long", "--", "-k", "soak"], ("test", ["-k", "soak"], True)),
     (["lab", "--", "-v", "--check"], ("lab", False, False, ["-v", "--check"])),
     (["lab", "--reset", "--", "-e", "x=1"], ("lab", False, True, ["-e", "x=1"])),
     (["lab", "--destroy"], ("lab", True, False, [])),
