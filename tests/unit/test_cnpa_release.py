@@ -1,4 +1,4 @@
-"""cnpa_release and cnpa_archive_migrate (roles/cnpa_reconciler/library), run as Ansible runs them
+"""cnpa_release and cnpa_archive_migrate (plugins/modules), run as Ansible runs them
 (the module's main with its arguments as JSON) on real directories; and the two facts the
 release switch relies on, with a real python3 and bash: a process started in `current` keeps
 importing its own release after the switch, and reconcile.sh resolves `current` once a pass."""
@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-LIBRARY = ROOT / "roles" / "cnpa_reconciler" / "library"
+LIBRARY = ROOT / "plugins" / "modules"
 SCRIPT = ROOT / "roles" / "cnpa_reconciler" / "files" / "reconcile.sh"
 PACKAGE_INIT = ROOT / "roles" / "cnpa_reconciler" / "files" / "cnpa_controller" / "__init__.py"
 

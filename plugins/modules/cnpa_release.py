@@ -1,14 +1,11 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """Switch the controller's code from one release directory to another with one rename."""
 
-import errno
-import fcntl
-import json
-import os
-import shutil
-import time
+from __future__ import absolute_import, division, print_function
 
-from ansible.module_utils.basic import AnsibleModule
+__metaclass__ = type
 
 DOCUMENTATION = r"""
 ---
@@ -23,17 +20,17 @@ description:
     C(current) (never a moment without one, never a half-switched one), points C(previous) at the
     release it replaced (a pass started before the switch may still run from it), and removes the
     other releases that are ours (a directory whose C(.cnpa-release) names it).
-  - O(state=earlier_absent) removes what versions before releases kept beside C(reconcile.sh): the
+  - O(state=earlier_absent) removes what versions before releases kept beside C(reconcile.sh), the
     package C(cnpa_controller/) (when its C(__init__.py) is ours) and C(cnpa_plan.py), once
     C(current) exists (until then that code is the one in use).
   - O(state=absent) removes all of the code that is ours under O(base_dir) (C(reconcile.sh) when
     it is ours, C(current), C(previous), the releases, the earlier versions' code), and nothing
-    else: the archive, the lab's evidence and files of others stay.
+    else (the archive, the lab's evidence and files of others stay).
   - Whatever is in the way and not ours is never touched; it is reported in RV(foreign).
   - Before it removes code a pass may be running, it waits for the passes' lock O(lock_file).
 version_added: "1.4.0"
 author:
-  - cnpa-op maintainers
+  - cnpa-op maintainers (@labhub)
 options:
   base_dir:
     description: The directory of C(reconcile.sh), C(current) and C(releases/).
@@ -58,6 +55,7 @@ options:
     default: 70
 attributes:
   check_mode:
+    description: Reports what it would change and changes nothing.
     support: full
 notes:
   - Runs on the target, with its own Python standard library only.
@@ -91,6 +89,16 @@ foreign:
   elements: str
   returned: always
 """
+
+import errno
+import fcntl
+import json
+import os
+import shutil
+import time
+
+from ansible.module_utils.basic import AnsibleModule
+
 
 MARKER = ".cnpa-release"
 RELEASES = "releases"
@@ -128,7 +136,7 @@ def link_release(base, link):
     if not os.path.islink(path):
         return None
     target = os.readlink(path)
-    head, _, name = target.partition("/")
+    head, _sep, name = target.partition("/")
     if head != RELEASES or not name or "/" in name or name in (".", ".."):
         return None
     return name

@@ -1,12 +1,11 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """Copy the archive records of an earlier install into this one's archive, losing none."""
 
-import json
-import os
-import re
-import tempfile
+from __future__ import absolute_import, division, print_function
 
-from ansible.module_utils.basic import AnsibleModule
+__metaclass__ = type
 
 DOCUMENTATION = r"""
 ---
@@ -25,7 +24,7 @@ description:
   - O(src) is left as it is.
 version_added: "1.4.0"
 author:
-  - cnpa-op maintainers
+  - cnpa-op maintainers (@labhub)
 options:
   src:
     description: The earlier archive directory. A missing one is fine (nothing to do).
@@ -37,6 +36,7 @@ options:
     required: true
 attributes:
   check_mode:
+    description: Reports what it would change and changes nothing.
     support: full
 notes:
   - Runs on the target, with its own Python standard library only.
@@ -66,6 +66,14 @@ conflicts:
   elements: dict
   returned: always
 """
+
+import json
+import os
+import re
+import tempfile
+
+from ansible.module_utils.basic import AnsibleModule
+
 
 # What the controller's executor accepts in a file name it makes (a TeamSpace's name, a uid).
 SAFE = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?$")
@@ -171,8 +179,8 @@ def main():
                 module.fail_json(msg=f"cannot copy {src}/{entry} to {dest}/{target}: {e}",
                                  copied=copied, kept=kept)
             if not made:
-                conflicts.append({"file": entry, "reason": f"{dest}/{target} appeared meanwhile; "
-                                                            "the next run looks again"})
+                why = f"{dest}/{target} appeared meanwhile; the next run looks again"
+                conflicts.append({"file": entry, "reason": why})
                 continue
         if reason == "copy":
             copied.append(entry)
