@@ -228,6 +228,12 @@ def test_an_upgrade_from_the_previous_release_loses_nothing_and_changes_nothing_
                           "-l", "platform.labhub.io/archived-teamspace=gone")["items"]
     assert len(in_cluster) == 1
     kept_uid = host.get("teamspace", "kept")["metadata"]["uid"]
+    gone_uid = json.loads(record)["uid"]
+    # This archive already holds a record of another TeamSpace named gone (deleted under the
+    # system layout by an earlier install): both records must survive the migration.
+    other = '{"name":"gone","uid":"0f0f0f0f-0000-4000-8000-000000000001","pods":1}\n'
+    host.sh("mkdir -p /var/lib/cnpa-op/archive && cat > /var/lib/cnpa-op/archive/gone.json",
+            input_text=other)
 
     text = run([BIN / "ansible-playbook", "-i", inventory, "labhub.cnpa.controller"],
                cwd=collection.consumer, env=collection.env, log="collection-upgrade-current.log")
@@ -238,9 +244,15 @@ def test_an_upgrade_from_the_previous_release_loses_nothing_and_changes_nothing_
     assert kept["metadata"]["uid"] == kept_uid
     assert host.get("resourcequota", "-n", "team-kept")["items"]
     # The previous release kept its archive under /root/cnpa-op (the lab's layout): the record is
-    # there still, and copied to this release's archive.
+    # there still, and copied to this release's archive, beside the other gone's record, as the
+    # controller keeps an earlier record of a name (NAME.UID.json).
     assert host.sh("cat /root/cnpa-op/archive/gone.json").stdout == record
-    assert host.sh("cat /var/lib/cnpa-op/archive/gone.json").stdout == record
+    assert host.sh("cat /var/lib/cnpa-op/archive/gone.json").stdout == other
+    assert host.sh(f"cat /var/lib/cnpa-op/archive/gone.{gone_uid}.json").stdout == record
+    # The previous release's code under /root/cnpa-op, which could still be run by hand against
+    # the cluster, is gone; its archive stays (and crd.yaml, which runs nothing: the uninstall's).
+    assert host.sh("ls /root/cnpa-op").stdout.split() == ["archive", "crd.yaml"], \
+        host.sh("ls -la /root/cnpa-op").stdout
     assert [c["metadata"]["uid"] for c in host.get(
         "configmaps", "-n", "cnpa-system", "-l", "platform.labhub.io/archived-teamspace=gone")["items"]] \
         == [c["metadata"]["uid"] for c in in_cluster]
@@ -248,8 +260,14 @@ def test_an_upgrade_from_the_previous_release_loses_nothing_and_changes_nothing_
     assert host.sh("systemctl is-active cnpa-op.service").stdout.strip() == "active"
     pids = host.sh("pgrep -f -- '-m [c]npa_controller' || true").stdout.split()
     assert len(pids) == 1, pids
-    assert host.sh("cat /opt/cnpa-op/cnpa_controller/plan.py").stdout == \
+    # The code is one release, named by `current`, and the controller runs from that release's
+    # directory itself (resolved when it started), not from the link.
+    release = host.sh("readlink -f /opt/cnpa-op/current").stdout.strip()
+    assert re.fullmatch(r"/opt/cnpa-op/releases/[0-9a-f]{16}", release), release
+    assert host.sh(f"cat {release}/cnpa_controller/plan.py").stdout == \
         (ROOT / "cnpa_controller" / "plan.py").read_text()
+    assert host.sh(f"readlink /proc/{pids[0]}/cwd").stdout.strip() == release
+    assert host.sh("test -e /opt/cnpa-op/cnpa_controller", check=False).returncode != 0
     host.apply(teamspace("after", pods=1))
     wait_for(lambda: host.get("resourcequota", "-n", "team-after")["items"], timeout=60,
              what="the upgraded controller to serve a new TeamSpace")
@@ -290,4 +308,5 @@ def test_an_upgrade_from_the_previous_release_loses_nothing_and_changes_nothing_
                    " || true").stdout.split()
     assert sorted(left) == sorted(["/root/cnpa-op/archive", "/var/lib/cnpa-op/archive/after.json",
                                    "/var/lib/cnpa-op/archive/gone.json",
+                                   f"/var/lib/cnpa-op/archive/gone.{gone_uid}.json",
                                    "/var/lib/cnpa-op/archive/kept.json"]), left

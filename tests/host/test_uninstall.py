@@ -28,7 +28,8 @@ ARCHIVE = f"{RECORDS}/archive"
 OURS = "app.kubernetes.io/managed-by=cnpa-op"
 CONFIRM = "cnpa_controller_delete_teamspaces=true"
 # Everything an install puts on the host outside the archive (uninstall must remove all of it).
-FILES = [f"{BASE}/reconcile.sh", f"{BASE}/cnpa_controller", f"{BASE}/crd.yaml",
+FILES = [f"{BASE}/reconcile.sh", f"{BASE}/releases", f"{BASE}/current", f"{BASE}/cnpa_controller",
+         f"{BASE}/crd.yaml",
          "/etc/cnpa-op",
          "/etc/systemd/system/cnpa-op.service", "/etc/systemd/system/cnpa-op-token.service",
          "/etc/systemd/system/cnpa-op-token.timer", "/run/cnpa-op", "/var/cache/cnpa-op",

@@ -56,6 +56,13 @@ DEADLINE="${CNPA_PASS_DEADLINE:-60}"
 LOCK_FILE="${CNPA_LOCK_FILE:-/run/cnpa-op/pass.lock}"
 PYTHON="${CNPA_PYTHON:-python3}"
 SELF=$(readlink -f -- "${BASH_SOURCE[0]}")
+# The code: the package beside this script, or, where the install keeps each version in
+# releases/ID/ and switches the link `current` beside this script with one rename, that release,
+# resolved once here so that a whole pass imports one version.
+CODE=${SELF%/*}
+if [[ -L $CODE/current ]]; then
+  CODE=$(readlink -f -- "$CODE/current")
+fi
 
 log() { printf 'reconcile: %s\n' "$*" >&2; }
 
@@ -81,7 +88,7 @@ if [[ $# -eq 0 ]]; then
   fi
 fi
 
-# The package and the plan are beside this script, and only they are imported from there:
+# The package (with the plan) is imported from $CODE, and only it is imported from there:
 # isolated mode (-I), so that neither the current directory nor PYTHON* variables can put other
 # code first. timeout(1) stops the pass when its time is up (exit status 124), and kills it 5 s
 # later if it has not stopped.
@@ -94,7 +101,7 @@ try:
 except Exception as exc:
     print(f"reconcile: cannot load cnpa_controller beside reconcile.sh ({exc})", file=sys.stderr)
     sys.exit(3)
-sys.exit(main(argv=sys.argv[2:]))' "${SELF%/*}" "${1:---once}" 9>&- || rc=$?
+sys.exit(main(argv=sys.argv[2:]))' "$CODE" "${1:---once}" 9>&- || rc=$?
 if ((rc == 124 || rc == 137)); then
   log "the pass ran past its deadline of $DEADLINE s (CNPA_PASS_DEADLINE) and was stopped"
   rc=124

@@ -1,0 +1,1 @@
+../plugins/modules/cnpa_archive_migrate.py
