@@ -200,6 +200,7 @@ def test_a_switch_needs_consent_and_every_recorded_host(decided):
     msg = refused(decided, "switch without consent")
     assert "cnpa_controller_mode=watch would switch" in msg and "h1 runs loop" in msg, msg
     assert "-e cnpa_controller_mode_switch=true" in msg and "Nothing has been changed" in msg, msg
+    assert "To keep the controller as it is, ask for -e cnpa_controller_mode=loop," in msg, msg
     assert decided["switch with consent"] | {"lease": None} == {
         "mode": "watch", "hosts": ["h1"], "everywhere": ["watch"], "lease": None}
     msg = refused(decided, "--limit switch without consent")
