@@ -39,7 +39,7 @@ from pathlib import Path
 import mhlib
 import pytest
 from collectionlib import BIN, build_and_install, consumer_playbook, run
-from hostlib import ROOT, Host, wait_for
+from hostlib import ROOT, Host, recap, wait_for
 from mhlib import TS, Workload, holder, host_of, one_writer, unit
 
 # Every TeamSpace of this module's run (other tests, and earlier runs on reused hosts, may share
@@ -398,10 +398,10 @@ def test_a_consumer_run_limited_to_one_host_keeps_one_kind_of_controller(cluster
     """The operator's case: a playbook of the consumer's own (the collection as users install it,
     its roles by their full names, no cnpa_controller_mode), re-run with --limit to the first host.
     Deciding the mode from that play of one host installed the loop controller there beside the
-    watch controllers of the others, and shrank the ClusterRole under them. Now: the first host
-    keeps its watch unit and its process, the record still names the three hosts, the ClusterRole
-    keeps watch, and a TeamSpace created and another deleted right after the run are served and
-    archived within seconds, one writer throughout."""
+    watch controllers of the others, and shrank the ClusterRole under them. Now: the run changes
+    nothing, the first host keeps its watch unit and its process, the record still names the three
+    hosts, the ClusterRole keeps watch, and a TeamSpace created and another deleted right after the
+    run are served and archived within seconds, one writer throughout."""
     c = cluster
     a = c.a
     collection = build_and_install(ROOT, tmp_path_factory.mktemp("consumer"), "consumer")
@@ -423,6 +423,7 @@ def test_a_consumer_run_limited_to_one_host_keeps_one_kind_of_controller(cluster
                cwd=collection.consumer, env=collection.env, log="multihost-consumer-limit.log")
     ran = time.monotonic() - t0
     assert f"{c.hosts[1].inst.name} " not in text.split("PLAY RECAP")[-1], "the run was not limited"
+    assert recap(text, a.inst.name)["changed"] == 0, text[-3000:]
 
     # One kind of controller: the first host's unit and process as they were, on every host.
     assert {h.inst.name: h.sh("cat /etc/systemd/system/cnpa-op.service").stdout for h in c.hosts} == units
