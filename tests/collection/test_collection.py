@@ -9,7 +9,6 @@ the copies the pinned `ansible` package bundles, and Ansible is told to look now
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import re
@@ -19,81 +18,21 @@ import sys
 import tarfile
 import time
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
-import yaml
+from collectionlib import BIN, GALAXY, ROOT, build_and_install, consumer_playbook, run
 from fixtures import teamspace
 from hostlib import Host, recap, session_host, wait_for
 
-ROOT = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
-BIN = ROOT / ".venv" / "bin"
-LOGS = ROOT / ".cache" / "test-logs"
 # ansible-test's HOME: its per-test virtualenvs and its pip bootstrap, kept between runs.
 ANSIBLE_TEST_HOME = (Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
                      / "cnpa-op" / "ansible-test")
-GALAXY = yaml.safe_load((ROOT / "galaxy.yml").read_text())
 # The release an upgrade starts from: 1.0.0, the commit tagged v1.0.0 (named by its id, which
 # every clone of main has, tags or not).
 PREVIOUS = "9fc8a3bbc52db84b439045f2bbc5f80e2c4d22ea"
 
-CONSUMER_PLAYBOOK = """\
----
-- name: Our platform's TeamSpace API, from the collection labhub.cnpa
-  hosts: k3s
-  gather_facts: false
-  vars:
-    cnpa_controller_mode: watch
-  roles:
-    - role: labhub.cnpa.cnpa_crd
-    - role: labhub.cnpa.cnpa_reconciler
-    - role: labhub.cnpa.cnpa_controller
-"""
-
-
-def run(argv: list, cwd: Path, env: dict, log: str, timeout: float = 900) -> str:
-    """Run a command, its output to LOGS/log; fail with the output's end when it fails."""
-    LOGS.mkdir(parents=True, exist_ok=True)
-    with open(LOGS / log, "w") as fh:
-        proc = subprocess.run([str(a) for a in argv], cwd=cwd, env=env, stdout=fh,
-                              stderr=subprocess.STDOUT, timeout=timeout, check=False)
-    text = (LOGS / log).read_text(errors="replace")
-    tail = "\n".join(text.splitlines()[-60:])
-    assert proc.returncode == 0, f"{argv[0]} {argv[1]} failed ({LOGS / log}):\n{tail}"
-    return text
-
-
-def consumer_env(path: Path) -> dict:
-    """Ansible as another team runs it: only the collections installed in path, no ansible.cfg of
-    ours (cwd is outside the repository)."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ANSIBLE_")}
-    env.update(ANSIBLE_COLLECTIONS_PATH=str(path), ANSIBLE_COLLECTIONS_SCAN_SYS_PATH="false",
-               ANSIBLE_FORCE_COLOR="0", NO_COLOR="1", PATH=f"{BIN}:{env.get('PATH', '/usr/bin:/bin')}")
-    return env
-
-
-def build_and_install(source: Path, work: Path, name: str) -> SimpleNamespace:
-    """The collection in source built into work, installed offline into work/name with its
-    dependencies copied from the ansible package's bundled ones (no Galaxy here)."""
-    consumer = work / f"{name}-consumer"
-    consumer.mkdir()
-    path = work / name
-    env = consumer_env(path)
-    version = yaml.safe_load((source / "galaxy.yml").read_text())["version"]
-    run([BIN / "ansible-galaxy", "collection", "build", "--output-path", work, source],
-        cwd=consumer, env=env, log=f"collection-{name}-build.log")
-    tarball = work / f"labhub-cnpa-{version}.tar.gz"
-    bundled = Path(importlib.util.find_spec("ansible_collections").submodule_search_locations[0])
-    for dependency in GALAXY["dependencies"]:
-        namespace, dep = dependency.split(".")
-        shutil.copytree(bundled / namespace / dep, path / "ansible_collections" / namespace / dep,
-                        symlinks=True)
-    text = run([BIN / "ansible-galaxy", "collection", "install", "--offline", "-p", path, tarball],
-               cwd=consumer, env=env, log=f"collection-{name}-install.log")
-    assert f"labhub.cnpa:{version} was installed successfully" in text, text
-    return SimpleNamespace(tarball=tarball, path=path, consumer=consumer, env=env, version=version,
-                           root=path / "ansible_collections" / "labhub" / "cnpa")
+CONSUMER_PLAYBOOK = consumer_playbook("watch")
 
 
 @pytest.fixture(scope="module")

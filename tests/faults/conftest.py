@@ -35,7 +35,9 @@ def lab():
     with session_host(os.environ.get("CNPA_FAULTS_HOST", "pytest-faults"),
                       "CNPA_FAULTS_REUSE", datastore="etcd") as inst:
         h = Lab(inst, str(inst.dir / "inventory.ini"))
-        h.playbook()
+        # The loop, which the fault tests expect (the default on a fresh host of one); a reused
+        # host may have been left in watch mode (tests/faults/test_watchdog.py): switched back.
+        h.playbook("-e", "cnpa_controller_mode=loop", "-e", "cnpa_controller_mode_switch=true")
         h.teamspace("alpha", pods=4)
         h.wait_converged("alpha")
         yield h

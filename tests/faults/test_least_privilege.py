@@ -40,26 +40,57 @@ def test_service_uses_its_own_serviceaccount(lab):
 
 
 def test_identity_holds_only_what_the_code_calls(lab):
+    """The same rules whichever mode is installed (this host runs the loop): the union of what a
+    loop pass and the watch controller call, each verb one that some mode's code sends; nothing
+    more."""
     status = "--subresource=status"  # (TS/status would name a TeamSpace called "status")
-    allowed = [("list", TS), ("patch", TS), ("update", TS, status), ("list", "namespaces"),
-               ("create", "namespaces"), ("patch", "namespaces"), ("list", "resourcequotas", "-A"),
-               ("create", "resourcequotas", "-n", "team-alpha"),
-               ("update", "resourcequotas", "-n", "team-alpha"),
-               ("patch", "resourcequotas", "-n", "team-alpha"),
+    team, system = ("-n", "team-alpha"), ("-n", "cnpa-system")
+    allowed = [("list", TS), ("watch", TS), ("patch", TS), ("update", TS, status),
+               ("list", "namespaces"), ("watch", "namespaces"), ("get", "namespaces"),
+               ("create", "namespaces"), ("patch", "namespaces"),
+               ("list", "resourcequotas", "-A"), ("watch", "resourcequotas", "-A"),
+               ("create", "resourcequotas", *team), ("update", "resourcequotas", *team),
+               ("patch", "resourcequotas", *team),
                ("create", "events", "-n", "default"), ("get", "events", "-n", "default"),
-               ("patch", "events", "-n", "default")]
-    denied = [("get", "secrets", "-A"), ("list", "secrets", "-n", "cnpa-system"),
-              ("get", "namespaces"), ("update", "namespaces"), ("delete", "namespaces"),
+               ("patch", "events", "-n", "default"),
+               # The Lease every writer holds, the leader's Events on it, the archive records.
+               ("get", "leases/cnpa-op", *system), ("update", "leases/cnpa-op", *system),
+               ("create", "leases", *system), ("create", "events", *system),
+               ("create", "configmaps", *system), ("get", "configmaps", *system)]
+    denied = [("get", "secrets", "-A"), ("list", "secrets", *system),
+              ("update", "namespaces"), ("delete", "namespaces"),
               ("delete", TS), ("create", TS), ("update", TS), ("get", TS), ("patch", TS, status),
-              ("get", "resourcequotas", "-n", "team-alpha"),
-              ("delete", "resourcequotas", "-n", "team-alpha"), ("create", "events", "-n", "kube-system"),
-              ("patch", "events", "-n", "kube-system"), ("list", "events", "-n", "default"),
-              ("delete", "events", "-n", "default"),
-              ("create", "pods", "-n", "team-alpha"), ("get", "configmaps", "-n", "kube-system"),
-              ("create", "serviceaccounts/token", "-n", "cnpa-system"),
+              ("get", "resourcequotas", *team), ("delete", "resourcequotas", *team),
+              ("create", "events", "-n", "kube-system"), ("patch", "events", "-n", "kube-system"),
+              ("list", "events", "-n", "default"), ("delete", "events", "-n", "default"),
+              ("get", "leases/other", *system), ("update", "leases/other", *system),
+              ("list", "leases", *system), ("watch", "leases", *system),
+              ("delete", "leases/cnpa-op", *system), ("get", "leases/cnpa-op", "-n", "kube-system"),
+              ("create", "leases", "-n", "kube-system"),
+              ("list", "configmaps", *system), ("update", "configmaps", *system),
+              ("delete", "configmaps", *system), ("create", "configmaps", "-n", "default"),
+              ("get", "events", *system), ("patch", "events", *system),
+              ("create", "pods", *team), ("get", "configmaps", "-n", "kube-system"),
+              ("create", "serviceaccounts/token", *system),
               ("create", "clusterrolebindings"), ("impersonate", "users"), ("*", "*")]
     assert [a for a in allowed if not can_i(lab, *a)] == []
     assert [d for d in denied if can_i(lab, *d)] == []
+    # Exactly these rules, so that nothing beyond the lists above hides in a wildcard or a kind
+    # not asked about.
+    rules = lab.get("clusterrole", "cnpa-op")["rules"]
+    assert sorted((r["apiGroups"][0], r["resources"][0], sorted(r["verbs"])) for r in rules) == [
+        ("", "namespaces", ["create", "get", "list", "patch", "watch"]),
+        ("", "resourcequotas", ["create", "list", "patch", "update", "watch"]),
+        ("platform.labhub.io", "teamspaces", ["list", "patch", "watch"]),
+        ("platform.labhub.io", "teamspaces/finalizers", ["update"]),
+        ("platform.labhub.io", "teamspaces/status", ["update"])]
+    assert all(len(r["apiGroups"]) == len(r["resources"]) == 1 for r in rules), rules
+    rules = lab.get("role", "cnpa-op-lease", "-n", "cnpa-system")["rules"]
+    assert sorted((r["apiGroups"][0], r["resources"][0], r.get("resourceNames", []), sorted(r["verbs"]))
+                  for r in rules) == [
+        ("", "configmaps", [], ["create", "get"]), ("", "events", [], ["create"]),
+        ("coordination.k8s.io", "leases", [], ["create"]),
+        ("coordination.k8s.io", "leases", ["cnpa-op"], ["get", "update"])]
     # And for real, not only by review: the API server refuses.
     for args in (["get", "secrets", "-A"], ["delete", "namespace", "team-alpha", "--dry-run=server"]):
         proc = lab.kubectl("--kubeconfig", SA_KUBECONFIG, *args, check=False)

@@ -1,12 +1,15 @@
 """systemd's watchdog restarts a frozen or wedged watch controller (cnpa_controller_mode=watch).
 
-The host's unit is switched once, for this module, to the long-running controller with a short
-WatchdogSec and JSON logs, and back to the loop the other fault tests expect when any of them runs
-after this module in the session (in file order none does: the session's host is destroyed
-instead, and a reused host gets the loop again from the session's install,
-tests/faults/conftest.py). SIGSTOP freezes the whole process, its main loop too; a worker stuck
-past the wedge bound makes the main loop stop feeding: either way no WATCHDOG=1 reaches systemd,
-which kills the service and starts it again.
+First, the switch itself: the cluster records the loop this host runs, and a run asking for watch
+without cnpa_controller_mode_switch is refused before it changes anything (also in check mode, and
+for an install older than the record, known by its unit). Then the host's unit is switched once,
+with that consent, for this module, to the long-running controller with a short WatchdogSec and
+JSON logs, and back to the loop the other fault tests expect when any of them runs after this
+module in the session (in file order none does: the session's host is destroyed instead, and a
+reused host gets the loop again from the session's install, tests/faults/conftest.py). SIGSTOP
+freezes the whole process, its main loop too; a worker stuck past the wedge bound makes the main
+loop stop feeding: either way no WATCHDOG=1 reaches systemd, which kills the service and starts it
+again.
 """
 
 from __future__ import annotations
@@ -16,9 +19,11 @@ import time
 
 import pytest
 from faultlib import ARCHIVE
-from hostlib import free_port, http_get, wait_for
+from hostlib import free_port, http_get, recap, wait_for
 
 WATCHDOG_SEC = 5
+SWITCH = ("-e", "cnpa_controller_mode_switch=true")
+RECORD = ("configmap", "cnpa-op-mode", "-n", "cnpa-system")
 
 
 def status(port: int, path: str) -> int:
@@ -32,6 +37,51 @@ def fault_tests_follow(request) -> bool:
     return any(item.path.parent == request.path.parent for item in items[last + 1:])
 
 
+def installed(lab) -> dict:
+    """What a refused run must leave as it is: the unit, the ClusterRole, the mode record, the
+    running controller."""
+    role = lab.get("clusterrole", "cnpa-op")
+    record = lab.kubectl("get", *RECORD, "-o", "json", check=False)
+    return {"unit": lab.sh("cat /etc/systemd/system/cnpa-op.service").stdout,
+            "clusterrole": (role["metadata"]["resourceVersion"], role["rules"]),
+            "record": record.returncode == 0 and json.loads(record.stdout)["metadata"]["resourceVersion"],
+            "controller": (lab.service("MainPID"), lab.service("NRestarts"))}
+
+
+def test_a_switch_without_consent_is_refused_before_any_change(lab, report):
+    """The loop host, asked for watch without cnpa_controller_mode_switch: the run stops before it
+    changes anything, naming the variable and what runs where. In check mode too, and with the
+    record gone (an install older than it), by the unit the host runs."""
+    name = lab.inst.name
+    assert lab.get(*RECORD)["data"] == {"mode": "loop", "hosts": name}
+    assert lab.service("Type") == "simple"
+    before = installed(lab)
+    t0 = time.monotonic()
+    proc = lab.playbook("-e", "cnpa_controller_mode=watch", check=False)
+    report["switch_refused_s"] = round(time.monotonic() - t0, 1)
+    out = " ".join(proc.stdout.split())
+    assert proc.returncode != 0, out[-3000:]
+    assert f"cnpa_controller_mode=watch would switch the controller of this cluster, where {name} runs loop" \
+        in out and "-e cnpa_controller_mode_switch=true" in out, out[-3000:]
+    assert recap(proc.stdout, name)["changed"] == 0, out[-3000:]
+    assert installed(lab) == before, "the refused run changed something"
+
+    uid = lab.get(*RECORD)["metadata"]["uid"]
+    lab.kubectl("delete", *RECORD, "--wait=true")
+    try:
+        proc = lab.playbook("-e", "cnpa_controller_mode=watch", "--check", check=False)
+        out = " ".join(proc.stdout.split())
+        assert proc.returncode != 0, out[-3000:]
+        assert f"where {name} runs loop (the units installed, by an install made before the mode was " \
+            "recorded)" in out, out[-3000:]
+        assert installed(lab) == before | {"record": False}
+    finally:
+        lab.playbook()  # the loop again, recorded anew (from its unit)
+    assert lab.get(*RECORD)["metadata"]["uid"] != uid
+    assert lab.get(*RECORD)["data"] == {"mode": "loop", "hosts": name}
+    assert installed(lab)["unit"] == before["unit"]
+
+
 @pytest.fixture(scope="module")
 def watch_unit(lab, request):
     """(metrics port, install time): the unit in watch mode, installed once for both tests (an
@@ -39,18 +89,21 @@ def watch_unit(lab, request):
     reaching the unit (json: see the first test's end)."""
     port = free_port()
     started = lab.now()
-    lab.playbook("-e", "cnpa_controller_mode=watch", "-e", f"cnpa_controller_watchdog_sec={WATCHDOG_SEC}",
+    lab.playbook("-e", "cnpa_controller_mode=watch", *SWITCH,
+                 "-e", f"cnpa_controller_watchdog_sec={WATCHDOG_SEC}",
                  "-e", f"cnpa_controller_metrics_address=127.0.0.1:{port}",
                  "-e", "cnpa_controller_log_format=json")
     yield port, started
     if fault_tests_follow(request):
-        lab.playbook()   # the loop controller again, for the other fault tests
+        lab.playbook("-e", "cnpa_controller_mode=loop", *SWITCH)  # the loop again, for the other fault tests
 
 
 def test_a_frozen_watch_controller_is_killed_by_the_watchdog_and_restarted(lab, report, watch_unit):
     port, started = watch_unit
     pid = 0
     try:
+        # Switched with consent, and recorded so: the next run without a mode keeps it.
+        assert lab.get(*RECORD)["data"] == {"mode": "watch", "hosts": lab.inst.name}
         assert lab.service("Environment").count("CNPA_LOG_FORMAT=json") == 1
         assert lab.service("Type") == "notify"
         assert lab.service("WatchdogUSec") == f"{WATCHDOG_SEC}s"

@@ -3,14 +3,15 @@
 One host for this module (CNPA_RESET_HOST, default pytest-reset, destroyed at the end; with
 CNPA_RESET_REUSE=1 a running host of that name is reused and left running). The module fixture
 puts foreign archive records in place and runs the whole lab once; the tests then run in order,
-each on the state the one before left (four site.yml runs in all, two of them stop at step 1):
+each on the state the one before left (five site.yml runs in all, three of them stop at step 1):
 
 - without cnpa_lab_reset, a run on a host where the lab ran stops before changing anything and
   lists exactly what it would remove;
 - with cnpa_lab_reset=true the lab runs again, this time with the watch controller
   (cnpa_controller_mode=watch: the lab on one host with either controller, and the switch from
-  one to the other), and passes verify; the foreign records are byte for byte what they were
-  before the first run (checked after both runs);
+  one to the other, refused at step 1, before the reset, without cnpa_controller_mode_switch),
+  and passes verify; the foreign records are byte for byte what they were before the first run
+  (checked after both runs);
 - a foreign team-beta (labelled like the lab's but not controlled by a TeamSpace, holding a
   ConfigMap) stops the run with a message naming it, and nothing is changed.
 
@@ -143,7 +144,15 @@ def test_rerun_with_consent_in_watch_mode_resets_only_the_lab_and_passes(lab):
     old_alpha = lab.obj(TS, "alpha")["metadata"]["uid"]
     old_beta = json.loads(lab.sh(f"cat {BASE}/cleanup.json").stdout)["uid"]
 
-    proc = lab.playbook("site.yml", "-e", "cnpa_lab_reset=true", "-e", "cnpa_controller_mode=watch")
+    # Without consent the switch is refused before step 1 resets anything.
+    refused = lab.playbook("site.yml", "-e", "cnpa_lab_reset=true", "-e", "cnpa_controller_mode=watch")
+    assert refused.returncode != 0, "a switch without consent went ahead:\n" + _tail(refused)
+    assert "cnpa_controller_mode_switch=true" in refused.stdout, _tail(refused)
+    assert lab.obj(TS, "alpha")["metadata"]["uid"] == old_alpha
+    assert "reconcile.sh" in lab.sh("systemctl show -p ExecStart --value cnpa-op").stdout
+
+    proc = lab.playbook("site.yml", "-e", "cnpa_lab_reset=true", "-e", "cnpa_controller_mode=watch",
+                        "-e", "cnpa_controller_mode_switch=true")
 
     assert proc.returncode == 0, "the re-run with cnpa_lab_reset=true failed:\n" + _tail(proc)
     assert lab.controller_active()

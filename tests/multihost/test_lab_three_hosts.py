@@ -7,7 +7,8 @@ cnpa-op.service go on every host, in watch mode (the default on several hosts: o
 the Lease); step 4 starts and step 7 stops and starts the controller on every host; step 6 keeps
 beta's archive record on the first host beside the evidence, whichever host archived it. Then:
 - molecule/default/verify.yml (the graders' checks, once from the first host) passes;
-- the loop controller is refused on three hosts, and the controllers keep running;
+- the loop controller is refused on three hosts, even with consent to switch, and the
+  controllers keep running;
 - a re-run without cnpa_lab_reset stops before any change and names the lab's records on each
   host that holds one.
 The full ansible-playbook output of each run goes to .cache/test-logs/lab3-<n>.log.
@@ -117,7 +118,8 @@ def test_the_lab_passes_with_the_evidence_on_the_first_host_and_a_controller_on_
 
 def test_the_loop_controller_is_refused_on_three_hosts(lab, inventory):
     before = [unit(h, "ExecStart") for h in lab]
-    proc = playbook(inventory, "playbooks/04_controller.yml", "-e", "cnpa_controller_mode=loop")
+    proc = playbook(inventory, "playbooks/04_controller.yml", "-e", "cnpa_controller_mode=loop",
+                    "-e", "cnpa_controller_mode_switch=true")
     assert proc.returncode != 0, "loop mode on three hosts went ahead:\n" + tail(proc)
     assert "nothing would elect one of them" in proc.stdout, tail(proc)
     assert [unit(h, "ExecStart") for h in lab] == before, "a unit was changed"

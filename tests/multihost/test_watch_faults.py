@@ -17,9 +17,11 @@ Takeover and reconcile times are printed and written to $CNPA_MULTIHOST_REPORT (
 /tmp/cnpa-multihost-report.json), never asserted: only bounds that stop a hang are.
 Faults of the leader's host (freeze, power off) need the leader on B or C: A holds the API server.
 The install gives the controllers tokens valid 600 s (the shortest TokenRequest allows), renewed
-every 120 s; after the faults the Lease is deleted; then a controller that has outlived its
-first token is made the only candidate (waited for: the faults and the deleted Lease take less
-than 600 s, so they come first); then a soak (controller.yml again with hours of resyncs and
+every 120 s; after the faults the Lease is deleted; then a consumer's own playbook (the
+collection's roles, no mode variable) is run with --limit to the first host, which restarts no
+controller; then a controller that has outlived its first token is made the only candidate
+(waited for: the faults, the deleted Lease and the limited run take less than 600 s, so they come
+first); then a soak (controller.yml again with hours of resyncs and
 Lease renewals squeezed into minutes, leaders killed and the API server restarted at random); last,
 playbooks/uninstall.yml on the three hosts, on the state all that left.
 """
@@ -36,7 +38,8 @@ from pathlib import Path
 
 import mhlib
 import pytest
-from hostlib import ROOT, Host, wait_for
+from collectionlib import BIN, build_and_install, consumer_playbook, run
+from hostlib import ROOT, Host, recap, wait_for
 from mhlib import TS, Workload, holder, host_of, one_writer, unit
 
 # Every TeamSpace of this module's run (other tests, and earlier runs on reused hosts, may share
@@ -367,6 +370,84 @@ def test_lease_deleted(cluster):
                                      "lease_back_with_holder_s": round(recovered, 1),
                                      "change_reconciled_s": round(reconciled, 1)}
     print(report["lease_deleted"])
+
+
+def served(admin: Host, name: str) -> bool:
+    """TeamSpace name Ready at its generation, with its namespace and quota."""
+    t = admin.kubectl("get", TS, name, "-o", "json", check=False)
+    if t.returncode:
+        return False
+    t = json.loads(t.stdout)
+    ready = [c.get("status") for c in t.get("status", {}).get("conditions", []) if c.get("type") == "Ready"]
+    quota = admin.kubectl("get", "resourcequota", "team-quota", "-n", f"team-{name}", "-o",
+                          "jsonpath={.spec.hard.pods}", check=False)
+    return (ready == ["True"] and t["status"].get("observedGeneration") == t["metadata"]["generation"]
+            and quota.returncode == 0 and quota.stdout == str(t["spec"]["pods"]))
+
+
+def archived(admin: Host, name: str, uid: str) -> bool:
+    """TeamSpace name gone, with exactly one archive record in the cluster: its uid's."""
+    if admin.exists(TS, name):
+        return False
+    cms = admin.get("configmaps", "-n", mhlib.LEASE_NS, "-l", f"{mhlib.ARCHIVE_LABEL}={name}")["items"]
+    return [c["metadata"]["name"] for c in cms] == [f"archive-{uid}"]
+
+
+def test_a_consumer_run_limited_to_one_host_keeps_one_kind_of_controller(cluster, inventory,
+                                                                       tmp_path_factory):
+    """The operator's case: a playbook of the consumer's own (the collection as users install it,
+    its roles by their full names, no cnpa_controller_mode), re-run with --limit to the first host.
+    Deciding the mode from that play of one host installed the loop controller there beside the
+    watch controllers of the others, and shrank the ClusterRole under them. Now: the run changes
+    nothing, the first host keeps its watch unit and its process, the record still names the three
+    hosts, the ClusterRole keeps watch, and a TeamSpace created and another deleted right after the
+    run are served and archived within seconds, one writer throughout."""
+    c = cluster
+    a = c.a
+    collection = build_and_install(ROOT, tmp_path_factory.mktemp("consumer"), "consumer")
+    play = collection.consumer / "platform.yml"
+    play.write_text(consumer_playbook(None))
+    gone = f"{PREFIX}-limit-gone"
+    a.apply({"apiVersion": f"{mhlib.GROUP}/v1alpha1", "kind": "TeamSpace", "metadata": {"name": gone},
+             "spec": {"pods": 2}})
+    wait_for(lambda: served(a, gone), timeout=60, interval=0.5, what=f"{gone} served before the run")
+    gone_uid = a.get(TS, gone)["metadata"]["uid"]
+    units = {h.inst.name: h.sh("cat /etc/systemd/system/cnpa-op.service").stdout for h in c.hosts}
+    pids = {h.inst.name: unit(h, "MainPID") for h in c.hosts}
+    record = a.get("configmap", "cnpa-op-mode", "-n", mhlib.LEASE_NS)["data"]
+    assert record == {"mode": "watch", "hosts": " ".join(sorted(units))}, record
+    since = rfc3339(time.time())
+
+    t0 = time.monotonic()
+    text = run([BIN / "ansible-playbook", "-i", inventory, "--limit", a.inst.name, *INSTALL, play],
+               cwd=collection.consumer, env=collection.env, log="multihost-consumer-limit.log")
+    ran = time.monotonic() - t0
+    assert f"{c.hosts[1].inst.name} " not in text.split("PLAY RECAP")[-1], "the run was not limited"
+    assert recap(text, a.inst.name)["changed"] == 0, text[-3000:]
+
+    # One kind of controller: the first host's unit and process as they were, on every host.
+    assert {h.inst.name: h.sh("cat /etc/systemd/system/cnpa-op.service").stdout for h in c.hosts} == units
+    assert {h.inst.name: unit(h, "MainPID") for h in c.hosts} == pids, "a controller was restarted"
+    assert all(" -m cnpa_controller" in unit(h, "ExecStart") for h in c.hosts)
+    assert a.get("configmap", "cnpa-op-mode", "-n", mhlib.LEASE_NS)["data"] == record
+    rules = {r["resources"][0]: r["verbs"] for r in a.get("clusterrole", "cnpa-op")["rules"]}
+    assert all("watch" in rules[kind] for kind in ("teamspaces", "namespaces", "resourcequotas")), rules
+
+    new = f"{PREFIX}-limit-new"
+    t1 = time.time()
+    a.apply({"apiVersion": f"{mhlib.GROUP}/v1alpha1", "kind": "TeamSpace", "metadata": {"name": new},
+             "spec": {"pods": 3}})
+    a.kubectl("delete", TS, gone, "--wait=false")
+    wait_for(lambda: served(a, new), timeout=30, interval=0.2, what=f"{new} served after the run")
+    t_served = time.time() - t1
+    wait_for(lambda: archived(a, gone, gone_uid), timeout=30, interval=0.2,
+             what=f"{gone} archived after the run")
+    t_archived = time.time() - t1
+    violations, _ = one_writer(c.requests(), since)
+    assert not violations, f"more than one writer: {violations[:10]}"
+    report["consumer_limited_run"] = {"run_s": round(ran, 1), "created_served_s": round(t_served, 1),
+                                      "deleted_archived_s": round(t_archived, 1)}
+    print(report["consumer_limited_run"])
 
 
 def age(host: Host) -> float:
