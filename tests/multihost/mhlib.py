@@ -652,3 +652,16 @@ def api_sockets(pids: list[int], port: int) -> set[str]:
             found.add(line.split()[2])
     return found
 
+
+def cut_api_connections(hosts: list[Host], port: int) -> int:
+    """Destroy every established connection of these hosts' cnpa-op units to the API server on
+    127.0.0.1:port (ss -K, SOCK_DESTROY: the kernel aborts them as a reset would; found by the
+    unit's cgroup, nothing else touched): their watches break. How many were cut."""
+    cut = 0
+    for h in hosts:
+        for local in api_sockets(unit_pids(h.inst), port):
+            ip, lport = local.rsplit(":", 1)
+            subprocess.run(["ss", "-K", "dst", f"127.0.0.1:{port}", "src", f"{ip}:{lport}"],
+                           capture_output=True, check=True, timeout=10)
+            cut += 1
+    return cut
