@@ -3,10 +3,11 @@ drawn with matplotlib from a real Prometheus's answers to the dashboard's own qu
 
 There is no Grafana to screenshot here (neither Debian nor PyPI packages it), and the classic
 web UI of Debian's Prometheus 2.42 graphs one query at a time; so the answers come from the run
-of tests/controller/test_dashboard.py, which writes them when asked:
+of tests/multihost/test_monitoring.py's dashboard test, which scrapes the controller as
+playbooks/controller.yml installs it on three test hosts and writes the answers when asked:
 
-    CNPA_DASHBOARD_DATA=/tmp/dashboard-run.json CNPA_CONTROLLER_DATASTORES=kine \\
-        .venv/bin/pytest -q tests/controller/test_dashboard.py
+    CNPA_DASHBOARD_DATA=/tmp/dashboard-run.json .venv/bin/pytest -q \\
+        tests/multihost/test_monitoring.py -k panel
     bench-venv/bin/python bench/dashboard.py /tmp/dashboard-run.json docs/dashboard.png
 
 (bench-venv: a virtualenv with requirements-bench.txt, which has matplotlib; docs/benchmark.md.)
@@ -61,11 +62,13 @@ def draw(data: dict, out: Path) -> None:
     fig.text(0.01, 1 - 0.25 / fig_h, "cnpa-op: TeamSpace controller (monitoring/grafana-dashboard.json)",
              fontsize=15, weight="bold", va="top")
     fig.text(0.01, 1 - 0.5 / fig_h,
-             f"The dashboard's queries answered by a real Prometheus 2.42 (Debian) scraping two "
-             f"controllers every second during tests/controller/test_dashboard.py, {when}; "
+             f"The dashboard's queries answered by a real Prometheus 2.42 (Debian) scraping the "
+             f"installed cnpa-op.service of three test hosts every second during "
+             f"tests/multihost/test_monitoring.py, {when}; "
              f"$__rate_interval = {data['rate_interval']}.\nDrawn with matplotlib from the "
-             "answers: not a Grafana screenshot. Stat panels show the last value, after both "
-             "controllers were stopped at the end of the run.", fontsize=9, va="top", color="0.3")
+             "answers: not a Grafana screenshot. Stat panels show the last value, after two of "
+             "the three units were stopped at the end of the run.", fontsize=9, va="top",
+             color="0.3")
 
     def box(grid: dict) -> list[float]:
         left = grid["x"] / GRID_COLUMNS
@@ -134,7 +137,7 @@ def draw(data: dict, out: Path) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("data", type=Path, help="the JSON test_dashboard.py wrote")
+    parser.add_argument("data", type=Path, help="the JSON test_monitoring.py wrote")
     parser.add_argument("out", type=Path, help="the PNG to write (docs/dashboard.png)")
     args = parser.parse_args()
     draw(json.loads(args.data.read_text()), args.out)

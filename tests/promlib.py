@@ -1,5 +1,5 @@
 """The monitoring files (monitoring/: the Grafana dashboard, the alert rules) read as the tests
-need them, and a real Prometheus run on loopback for tests/controller/test_dashboard.py.
+need them, and a real Prometheus run on loopback for tests/multihost/test_monitoring.py.
 
 PromQL is read with a small tokenizer, not a full parser: enough to find the metric names, the
 label matchers and the grouping labels of the expressions these files contain.
@@ -94,14 +94,53 @@ def parse(expr: str) -> tuple[list[tuple[str, set[str]]], set[str]]:
     return selectors, grouping
 
 
+def queries() -> list[tuple[str, str, str]]:
+    """(where, expression, legend) of every dashboard query, its variables filled in, and of every
+    alert rule (no legend)."""
+    return ([(f"panel {t['title']!r} {t['ref']}", substitute(t["expr"]), t["legend"])
+             for t in dashboard_targets()]
+            + [(f"alert {r['alert']}", r["expr"], "") for r in alert_rules()])
+
+
+def unknown(expr: str, legend: str, series: dict[str, set[str]]) -> list[str]:
+    """What expr and its legend name that series (name -> label names) does not have: a series
+    name; a label one of its selectors matches on that this series lacks; a grouping or legend
+    label that none of the expression's series has (Prometheus's job and instance aside)."""
+    selectors, grouping = parse(expr)
+    if not selectors:
+        return [f"no metric found in {expr}"]
+    out = []
+    for name, labels in selectors:
+        if name not in series:
+            out.append(f"no series {name}")
+        elif labels - series[name] - TARGET_LABELS:
+            out.append(f"{name} has no label {sorted(labels - series[name] - TARGET_LABELS)}")
+    known = set().union(*(series.get(name, set()) for name, _ in selectors)) | TARGET_LABELS
+    legend_labels = set(re.findall(r"\{\{\s*(\w+)\s*\}\}", legend))
+    if grouping - known:
+        out.append(f"grouped by {sorted(grouping - known)}, not a label of {expr}")
+    if legend_labels - known:
+        out.append(f"legend names {sorted(legend_labels - known)}, not a label of {expr}")
+    return out
+
+
+def scraped(text: str) -> dict[str, set[str]]:
+    """The series names of a /metrics answer, each with the label names its samples have."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    names: dict[str, set[str]] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            names.setdefault(sample.name, set()).update(sample.labels)
+    return names
+
+
 def exported() -> dict[str, set[str]]:
     """Every series name a running controller exports, with its label names (Prometheus's job and
     instance not included): rendered from a Controller's own registry, plus the labelled counters
     and histograms of metrics.KNOWN that have no series until first used; and Prometheus's up."""
     import io
     from types import SimpleNamespace
-
-    from prometheus_client.parser import text_string_to_metric_families
 
     from cnpa_controller.api import ApiError
     from cnpa_controller.controller import Controller, Settings
@@ -113,10 +152,8 @@ def exported() -> dict[str, set[str]]:
     # cnpa_watch_failures_total's series are born at a cache's first failure (its codes are not
     # known before): one failure here.
     c.caches.namespaces._failed(ApiError(403, "Forbidden", "watch"))
-    names: dict[str, set[str]] = {"up": set()}
-    for family in text_string_to_metric_families(metrics.render()):
-        for sample in family.samples:
-            names.setdefault(sample.name, set()).update(sample.labels)
+    names = scraped(metrics.render())
+    names["up"] = set()
     for name, (kind, _help, labels, _buckets) in KNOWN.items():
         series = ([f"{name}_bucket", f"{name}_sum", f"{name}_count"] if kind == "histogram"
                   else [name])

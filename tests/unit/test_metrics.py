@@ -109,6 +109,9 @@ def test_a_follower_reconciles_nothing_and_counts_what_it_left_apart(tmp_path):
                   controller="teamspace") is None
     assert "cnpa_reconciles_total{" not in text
     assert sample(text, "leader_election_master_status", name="cnpa-op") == 0
+    # At 0 before the first transition, so that increase() (the dashboard's "Leader transitions")
+    # counts a process's first takeover: born at 1, it showed nothing on the installed units.
+    assert sample(text, "cnpa_leader_transitions_total", name="cnpa-op") == 0
     leading[0] = True
     c._reconciled(c.reconcile("gone"), 0.01)
     assert m.get("controller_runtime_reconcile_total",

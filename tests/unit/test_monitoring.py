@@ -1,6 +1,7 @@
 """monitoring/: the alert rules checked and unit-tested by promtool (Debian's, unpacked by
 testhost.prometheus), and the dashboard's and the rules' PromQL naming only series, labels and
-variables that exist. tests/controller/test_dashboard.py asks a real Prometheus the same queries."""
+variables that exist. tests/multihost/test_monitoring.py asks a real Prometheus the same queries, and
+diffs the same names against the scrape of the installed units."""
 
 from __future__ import annotations
 
@@ -11,13 +12,12 @@ import pytest
 from promlib import (
     ALERTS,
     ALERTS_TEST,
-    TARGET_LABELS,
     alert_rules,
     dashboard,
-    dashboard_targets,
     exported,
     parse,
-    substitute,
+    queries,
+    unknown,
 )
 
 from testhost import prometheus
@@ -56,23 +56,10 @@ def test_each_alert_has_for_severity_annotations_and_a_runbook_in_the_docs():
         assert page == "docs/operations.md" and anchor in anchors, rule["annotations"]
 
 
-def _queries() -> list[tuple[str, str]]:
-    return ([(f"panel {t['title']!r} {t['ref']}", substitute(t["expr"]))
-             for t in dashboard_targets()]
-            + [(f"alert {r['alert']}", r["expr"]) for r in alert_rules()])
-
-
-@pytest.mark.parametrize(("where", "expr"), _queries(), ids=[w for w, _ in _queries()])
-def test_every_series_and_label_used_is_one_the_controller_exports(where, expr):
-    series = exported()
-    selectors, grouping = parse(expr)
-    assert selectors, f"{where}: no metric found in {expr}"
-    for name, labels in selectors:
-        assert name in series, f"{where}: {name} is not exported (metrics.py)"
-        assert labels <= series[name] | TARGET_LABELS, \
-            f"{where}: {name} has no label {sorted(labels - series[name] - TARGET_LABELS)}"
-    known = set().union(*(series[name] for name, _ in selectors)) | TARGET_LABELS
-    assert grouping <= known, f"{where}: grouped by {sorted(grouping - known)}, not a label"
+@pytest.mark.parametrize(("where", "expr", "legend"), queries(), ids=[w for w, _, _ in queries()])
+def test_every_series_and_label_used_is_one_the_controller_exports(where, expr, legend):
+    problems = unknown(expr, legend, exported())
+    assert not problems, f"{where}: {problems}"
 
 
 def test_the_name_check_catches_a_misspelt_series_and_label():
@@ -80,6 +67,14 @@ def test_the_name_check_catches_a_misspelt_series_and_label():
     [(name, labels)], grouping = parse(
         'sum by (verbb) (rate(rest_client_request_total{job="$job", kode="200"}[5m]))')
     assert name not in series and (labels, grouping) == ({"job", "kode"}, {"verbb"})
+    assert unknown('sum by (verbb) (rate(rest_client_requests_total{job="x", kode="200"}[5m]))',
+                   "{{verb}} {{method}}", series) == [
+        "rest_client_requests_total has no label ['kode']",
+        "grouped by ['verbb'], not a label of sum by (verbb) "
+        "(rate(rest_client_requests_total{job=\"x\", kode=\"200\"}[5m]))",
+        "legend names ['verb'], not a label of sum by (verbb) "
+        "(rate(rest_client_requests_total{job=\"x\", kode=\"200\"}[5m]))"]
+    assert unknown("process_open_fds", "", {"up": set()}) == ["no series process_open_fds"]
 
 
 def test_the_dashboard_is_a_grafana_dashboard_with_its_variables():

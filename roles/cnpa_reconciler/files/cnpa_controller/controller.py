@@ -178,6 +178,8 @@ class Controller:
         self.lease_name = getattr(self.elector, "name", "")
         if self.lease_name:
             self.metrics.set("leader_election_master_status", 0, {"name": self.lease_name})
+            # From 0, as the reconcile counters above: a process's first takeover is then seen.
+            self.metrics.inc("cnpa_leader_transitions_total", {"name": self.lease_name}, by=0)
         self.caches = Caches(api, self.queue.add, page_size=settings.list_page_size,
                              watch_timeout=settings.watch_timeout_seconds,
                              request_timeout=max(settings.request_timeout, 30.0),
