@@ -124,3 +124,11 @@ def test_the_pending_fragments_fit_galaxy_version():
                    if {"breaking_changes", "removed_features"} & set(fragment))
     assert why is None, (f"galaxy.yml's version: {why} (changelogs/fragments/: {', '.join(which)});"
                          " raise version in galaxy.yml and cnpa_controller.__version__")
+
+
+def test_one_release_summary_at_most():
+    """antsibull-changelog refuses a release whose fragments hold two release summaries ("Found
+    prelude section ... more than once"): the next release's summary is one fragment; add to it."""
+    with_summary = sorted(name for name, fragment in pending_fragments().items()
+                          if "release_summary" in fragment)
+    assert len(with_summary) <= 1, with_summary
