@@ -3,12 +3,21 @@ its tarball with no network into an empty collections path, checked by `ansible-
 used from a directory outside the repository by a playbook against a real test host; and an
 upgrade from the previous release (its tarball built from its commit, PREVIOUS) to this one.
 
-No Galaxy here: the collection's dependencies (kubernetes.core, ansible.posix) are installed from
-the copies the pinned `ansible` package bundles, and Ansible is told to look nowhere else
-(ANSIBLE_COLLECTIONS_SCAN_SYS_PATH=false), so what the consumer runs is the tarball's."""
+At both ends of what the collection claims: the highest ansible-core of meta/runtime.yml's
+requires_ansible with the highest kubernetes.core of galaxy.yml's dependency (the pinned
+ansible-core of requirements.lock, the kubernetes.core its `ansible` package bundles), and the
+lowest with the lowest (tests/collection/lowest/: ansible-core in a virtualenv of its own, and
+kubernetes.core taken from the `ansible` wheel that bundles it). The lowest reuses the tarball
+built for the highest, and the upgrade test's host once that test has uninstalled everything.
+
+No Galaxy here: the collection's dependencies are installed from those copies, and Ansible is told
+to look nowhere else (ANSIBLE_COLLECTIONS_SCAN_SYS_PATH=false), so what the consumer runs is the
+tarball's."""
 
 from __future__ import annotations
 
+import hashlib
+import importlib.util
 import json
 import os
 import re
@@ -17,27 +26,184 @@ import subprocess
 import sys
 import tarfile
 import time
+import zipfile
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
-from collectionlib import BIN, GALAXY, ROOT, build_and_install, consumer_playbook, run
+import yaml
 from fixtures import teamspace
 from hostlib import Host, recap, session_host, wait_for
 
+ROOT = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
+BIN = ROOT / ".venv" / "bin"
+LOGS = ROOT / ".cache" / "test-logs"
+CACHE = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "cnpa-op"
 # ansible-test's HOME: its per-test virtualenvs and its pip bootstrap, kept between runs.
-ANSIBLE_TEST_HOME = (Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-                     / "cnpa-op" / "ansible-test")
+ANSIBLE_TEST_HOME = CACHE / "ansible-test"
+# The lowest ansible-core's virtualenv, its ansible-test HOME, the wheel kubernetes.core comes from.
+MATRIX_CACHE = CACHE / "collection-matrix"
+LOWEST = HERE / "lowest"
+GALAXY = yaml.safe_load((ROOT / "galaxy.yml").read_text())
+RUNTIME = yaml.safe_load((ROOT / "meta" / "runtime.yml").read_text())
 # The release an upgrade starts from: 1.0.0, the commit tagged v1.0.0 (named by its id, which
 # every clone of main has, tags or not).
 PREVIOUS = "9fc8a3bbc52db84b439045f2bbc5f80e2c4d22ea"
 
-CONSUMER_PLAYBOOK = consumer_playbook("watch")
+CONSUMER_PLAYBOOK = """\
+---
+- name: Our platform's TeamSpace API, from the collection labhub.cnpa
+  hosts: k3s
+  gather_facts: false
+  vars:
+    cnpa_controller_mode: watch
+  roles:
+    - role: labhub.cnpa.cnpa_crd
+    - role: labhub.cnpa.cnpa_reconciler
+    - role: labhub.cnpa.cnpa_controller
+"""
+
+
+def run(argv: list, cwd: Path, env: dict, log: str, timeout: float = 900) -> str:
+    """Run a command, its output to LOGS/log; fail with the output's end when it fails."""
+    LOGS.mkdir(parents=True, exist_ok=True)
+    with open(LOGS / log, "w") as fh:
+        proc = subprocess.run([str(a) for a in argv], cwd=cwd, env=env, stdout=fh,
+                              stderr=subprocess.STDOUT, timeout=timeout, check=False)
+    text = (LOGS / log).read_text(errors="replace")
+    tail = "\n".join(text.splitlines()[-60:])
+    assert proc.returncode == 0, f"{argv[0]} {argv[1]} failed ({LOGS / log}):\n{tail}"
+    return text
+
+
+def consumer_env(path: Path, bin_dir: Path = BIN) -> dict:
+    """Ansible as another team runs it: only the collections installed in path, no ansible.cfg of
+    ours (cwd is outside the repository), bin_dir's Ansible first on PATH."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ANSIBLE_")}
+    env.update(ANSIBLE_COLLECTIONS_PATH=str(path), ANSIBLE_COLLECTIONS_SCAN_SYS_PATH="false",
+               ANSIBLE_FORCE_COLOR="0", NO_COLOR="1",
+               PATH=f"{bin_dir}:{env.get('PATH', '/usr/bin:/bin')}")
+    return env
+
+
+def declared(spec: str) -> tuple[str, str]:
+    """The two ends of a range the collection declares, ">=LOW,<=HIGH": both are tested."""
+    found = re.fullmatch(r">=(\d+\.\d+\.\d+),<=(\d+\.\d+\.\d+)", spec.replace(" ", ""))
+    assert found, f"{spec!r}: the collection declares a closed range of tested versions"
+    return found[1], found[2]
+
+
+def collection_version(root: Path) -> str:
+    return json.loads((root / "MANIFEST.json").read_text())["collection_info"]["version"]
+
+
+def bundled_collections() -> Path:
+    """ansible_collections of the pinned `ansible` package in .venv."""
+    return Path(importlib.util.find_spec("ansible_collections").submodule_search_locations[0])
+
+
+def build(source: Path, work: Path, name: str) -> Path:
+    """The collection in source built into work: its tarball."""
+    version = yaml.safe_load((source / "galaxy.yml").read_text())["version"]
+    env = consumer_env(work / name)
+    run([BIN / "ansible-galaxy", "collection", "build", "--output-path", work, source],
+        cwd=work, env=env, log=f"collection-{name}-build.log")
+    return work / f"labhub-cnpa-{version}.tar.gz"
+
+
+def install(tarball: Path, work: Path, name: str, dependencies: dict[str, Path],
+            bin_dir: Path = BIN) -> SimpleNamespace:
+    """tarball installed offline, by bin_dir's ansible-galaxy, into work/name, its dependencies
+    copied first from the directories given (no Galaxy here)."""
+    consumer = work / f"{name}-consumer"
+    consumer.mkdir()
+    path = work / name
+    env = consumer_env(path, bin_dir)
+    for dependency, copy in dependencies.items():
+        namespace, dep = dependency.split(".")
+        shutil.copytree(copy, path / "ansible_collections" / namespace / dep, symlinks=True)
+    text = run([bin_dir / "ansible-galaxy", "collection", "install", "--offline", "-p", path,
+                tarball], cwd=consumer, env=env, log=f"collection-{name}-install.log")
+    version = re.search(r"labhub-cnpa-(.+)\.tar\.gz$", tarball.name)[1]
+    assert f"labhub.cnpa:{version} was installed successfully" in text, text
+    return SimpleNamespace(tarball=tarball, path=path, consumer=consumer, env=env, version=version,
+                           bin=bin_dir, root=path / "ansible_collections" / "labhub" / "cnpa")
+
+
+def build_and_install(source: Path, work: Path, name: str) -> SimpleNamespace:
+    """The collection in source built and installed with the pinned Ansible, the dependencies its
+    galaxy.yml declares copied from the ones the `ansible` package bundles."""
+    tarball = build(source, work, name)
+    wanted = yaml.safe_load((source / "galaxy.yml").read_text()).get("dependencies") or {}
+    return install(tarball, work, name, {dep: bundled_collections() / dep.replace(".", "/")
+                                         for dep in wanted})
+
+
+def _digest(*paths: Path) -> str:
+    return hashlib.sha256(b"".join(p.read_bytes() for p in paths)).hexdigest()[:12]
+
+
+def lowest_ansible_core() -> Path:
+    """bin/ of a virtualenv with the lowest ansible-core (LOWEST/requirements.lock, hashes), made
+    once per lock and Python in the cache."""
+    lock = LOWEST / "requirements.lock"
+    venv = MATRIX_CACHE / f"ansible-core-{_digest(lock)}-py{sys.version_info.major}{sys.version_info.minor}"
+    done = venv / ".installed"
+    if not done.exists():
+        shutil.rmtree(venv, ignore_errors=True)
+        subprocess.run([sys.executable, "-m", "venv", venv], check=True, timeout=300)
+        subprocess.run([venv / "bin" / "python", "-m", "pip", "install", "-q", "--require-hashes",
+                        "--no-deps", "-r", lock], check=True, timeout=900)
+        done.touch()
+    return venv / "bin"
+
+
+def lowest_kubernetes_core() -> Path:
+    """The lowest kubernetes.core: ansible_collections/kubernetes/core out of the `ansible` wheel
+    of LOWEST/kubernetes-core.lock (downloaded with its hash, not installed), kept in the cache."""
+    lock = LOWEST / "kubernetes-core.lock"
+    out = MATRIX_CACHE / f"kubernetes-core-{_digest(lock)}"
+    core = out / "ansible_collections" / "kubernetes" / "core"
+    if not (out / ".extracted").exists():
+        wheels = MATRIX_CACHE / "wheels"
+        subprocess.run([BIN / "python", "-m", "pip", "download", "-q", "--no-deps",
+                        "--require-hashes", "-r", lock, "-d", wheels], check=True, timeout=900)
+        name, version = re.search(r"^(\S+)==(\S+)", lock.read_text(), re.M).groups()
+        shutil.rmtree(out, ignore_errors=True)
+        prefix = "ansible_collections/kubernetes/core/"
+        downloaded = wheels / f"{name}-{version}-py3-none-any.whl"
+        with zipfile.ZipFile(downloaded) as wheel:
+            wheel.extractall(out, [n for n in wheel.namelist() if n.startswith(prefix)])
+        (out / ".extracted").touch()
+        downloaded.unlink()   # 47 MB, of which the collection is 1
+    return core
 
 
 @pytest.fixture(scope="module")
 def collection(tmp_path_factory):
-    return build_and_install(ROOT, tmp_path_factory.mktemp("collection"), "current")
+    """The tarball, installed with the highest ansible-core and kubernetes.core declared."""
+    installed = build_and_install(ROOT, tmp_path_factory.mktemp("collection"), "current")
+    from ansible.release import __version__ as core
+    assert core == declared(RUNTIME["requires_ansible"])[1], core
+    kubernetes_core = collection_version(installed.path / "ansible_collections/kubernetes/core")
+    assert kubernetes_core == declared(GALAXY["dependencies"]["kubernetes.core"])[1]
+    return installed
+
+
+@pytest.fixture(scope="module")
+def lowest(collection):
+    """The same tarball installed with the lowest ansible-core and kubernetes.core declared."""
+    bin_dir = lowest_ansible_core()
+    core = subprocess.run([bin_dir / "python", "-c",
+                           "from ansible.release import __version__; print(__version__)"],
+                          capture_output=True, text=True, check=True, timeout=60).stdout.strip()
+    assert core == declared(RUNTIME["requires_ansible"])[0], core
+    kubernetes_core = lowest_kubernetes_core()
+    assert collection_version(kubernetes_core) == \
+        declared(GALAXY["dependencies"]["kubernetes.core"])[0]
+    return install(collection.tarball, collection.tarball.parent, "lowest",
+                   {"kubernetes.core": kubernetes_core}, bin_dir)
 
 
 def test_the_tarball_is_the_collection_and_carries_its_own_files(collection):
@@ -63,26 +229,40 @@ def test_the_tarball_is_the_collection_and_carries_its_own_files(collection):
     assert "labhub.cnpa.cnpa_measure" in json.loads(doc.stdout)
 
 
-def _ansible_test_home() -> Path:
-    """HOME for ansible-test, with its pip bootstrap in its cache (tests/collection/get_pip.py)."""
-    cache = ANSIBLE_TEST_HOME / ".ansible" / "test" / "cache"
+def _ansible_test_home(home: Path, pip_lock: Path) -> Path:
+    """HOME for ansible-test, with its pip bootstrap in its cache (tests/collection/get_pip.py):
+    one per ansible-core, whose ansible-test bootstraps a pip of its own (pip_lock)."""
+    cache = home / ".ansible" / "test" / "cache"
     cache.mkdir(parents=True, exist_ok=True)
     if not list(cache.glob("pip-*.whl")):
         subprocess.run([BIN / "python", "-m", "pip", "download", "-q", "--no-deps",
-                        "--require-hashes", "-r", HERE / "ansible-test-pip.lock", "-d", cache],
+                        "--require-hashes", "-r", pip_lock, "-d", cache],
                        check=True, timeout=300)
-    version = re.search(r"^pip==([\d.]+)", (HERE / "ansible-test-pip.lock").read_text(), re.M)[1]
+    version = re.search(r"^pip==([\d.]+)", pip_lock.read_text(), re.M)[1]
     shutil.copyfile(HERE / "get_pip.py", cache / f"get_pip_{version.replace('.', '_')}.py")
-    return ANSIBLE_TEST_HOME
+    return home
+
+
+def sanity(installed: SimpleNamespace, home: Path, log: str) -> None:
+    """`ansible-test sanity` of installed's ansible-core on the installed collection, with no
+    ignore file."""
+    assert not (installed.root / "tests" / "sanity").exists()
+    python = f"{sys.version_info.major}.{sys.version_info.minor}"
+    env = dict(installed.env, HOME=str(home))
+    text = run([installed.bin / "ansible-test", "sanity", "--python", python], cwd=installed.root,
+               env=env, log=log, timeout=1800)
+    assert "Running sanity test \"validate-modules\"" in text and "pylint" in text, text[-3000:]
 
 
 def test_ansible_test_sanity_passes_with_no_ignore_file(collection):
-    assert not (collection.root / "tests" / "sanity").exists()
-    python = f"{sys.version_info.major}.{sys.version_info.minor}"
-    env = dict(collection.env, HOME=str(_ansible_test_home()))
-    text = run([BIN / "ansible-test", "sanity", "--python", python], cwd=collection.root, env=env,
-               log="collection-sanity.log", timeout=1800)
-    assert "Running sanity test \"validate-modules\"" in text and "pylint" in text, text[-3000:]
+    sanity(collection, _ansible_test_home(ANSIBLE_TEST_HOME, HERE / "ansible-test-pip.lock"),
+           "collection-sanity.log")
+
+
+def test_ansible_test_sanity_passes_on_the_lowest_ansible_core(lowest):
+    home = MATRIX_CACHE / f"ansible-test-{_digest(LOWEST / 'requirements.lock')}"
+    sanity(lowest, _ansible_test_home(home, LOWEST / "ansible-test-pip.lock"),
+           "collection-sanity-lowest.log")
 
 
 def a_host(name: str):
@@ -102,27 +282,34 @@ def upgrade_host():
     yield from a_host(os.environ.get("CNPA_UPGRADE_TESTHOST_NAME", "pytest-upgrade"))
 
 
-def test_a_playbook_outside_the_repository_installs_a_serving_controller(collection, host):
-    play = collection.consumer / "platform.yml"
+def consume(installed: SimpleNamespace, host: Host, team: str, log: str) -> None:
+    """The consumer's playbook (CONSUMER_PLAYBOOK, from a directory outside the repository) with
+    installed's Ansible and collections: a controller that serves a TeamSpace; then the
+    collection's own playbook, which finds nothing to change."""
+    play = installed.consumer / "platform.yml"
     play.write_text(CONSUMER_PLAYBOOK)
     inventory = str(host.inst.inventory)
-    run([BIN / "ansible-playbook", "-i", inventory, play], cwd=collection.consumer,
-        env=collection.env, log="collection-consumer.log")
+    run([installed.bin / "ansible-playbook", "-i", inventory, play], cwd=installed.consumer,
+        env=installed.env, log=f"{log}-consumer.log")
     assert host.sh("systemctl is-active cnpa-op.service").stdout.strip() == "active"
     # The roles' default layout (cnpa_layout=system): code under /opt/cnpa-op.
     assert host.sh("cat /opt/cnpa-op/reconcile.sh").stdout == (ROOT / "reconcile.sh").read_text()
 
-    host.apply(teamspace("consumer-team", pods=3))
-    quotas = wait_for(lambda: host.get("resourcequota", "-n", "team-consumer-team")["items"],
-                      timeout=60, what="the controller to create consumer-team's namespace and quota")
+    host.apply(teamspace(team, pods=3))
+    quotas = wait_for(lambda: host.get("resourcequota", "-n", f"team-{team}")["items"],
+                      timeout=60, what=f"the controller to create {team}'s namespace and quota")
     quota = quotas[0]
     assert quota["spec"]["hard"]["pods"] == "3"
 
     # The collection's own playbook after the consumer's roles: the same code, nothing to change.
     started = time.monotonic()
-    text = run([BIN / "ansible-playbook", "-i", inventory, "labhub.cnpa.controller"],
-               cwd=collection.consumer, env=collection.env, log="collection-controller.log")
+    text = run([installed.bin / "ansible-playbook", "-i", inventory, "labhub.cnpa.controller"],
+               cwd=installed.consumer, env=installed.env, log=f"{log}-controller.log")
     assert recap(text, host.inst.name)["changed"] == 0, (time.monotonic() - started, text[-3000:])
+
+
+def test_a_playbook_outside_the_repository_installs_a_serving_controller(collection, host):
+    consume(collection, host, "consumer-team", "collection")
 
 
 @pytest.fixture(scope="module")
@@ -249,3 +436,21 @@ def test_an_upgrade_from_the_previous_release_loses_nothing_and_changes_nothing_
                                    "/var/lib/cnpa-op/archive/gone.json",
                                    f"/var/lib/cnpa-op/archive/gone.{gone_uid}.json",
                                    "/var/lib/cnpa-op/archive/kept.json"]), left
+
+
+def test_the_lowest_ansible_core_and_kubernetes_core_install_a_serving_controller(lowest,
+                                                                                upgrade_host):
+    """The consumer's install and the collection's playbook, as above, with the lowest Ansible and
+    kubernetes.core: on the upgrade test's host once that test's uninstall has left nothing of the
+    install (no third host), or on a fresh one when it runs alone."""
+    host = upgrade_host
+    installed = host.sh("systemctl cat cnpa-op.service >/dev/null 2>&1 && echo unit; "
+                        "kubectl get crd teamspaces.platform.labhub.io >/dev/null 2>&1 && echo crd; "
+                        "true").stdout.split()
+    if installed:
+        # The upgrade test stopped before its uninstall: this one's, with the lowest Ansible.
+        text = run([lowest.bin / "ansible-playbook", "-i", str(host.inst.inventory),
+                    "labhub.cnpa.uninstall", "-e", "cnpa_controller_delete_teamspaces=true"],
+                   cwd=lowest.consumer, env=lowest.env, log="collection-lowest-uninstall.log")
+        assert recap(text, host.inst.name)["failed"] == 0, text[-3000:]
+    consume(lowest, host, "lowest-team", "collection-lowest")
