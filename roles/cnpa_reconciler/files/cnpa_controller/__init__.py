@@ -11,6 +11,6 @@ request goes through api.py.
 from .api import Api, ApiError, path_of
 
 # The collection's version (galaxy.yml): the package is installed from it, never on its own.
-__version__ = "1.3.0"
+__version__ = "2.0.0"
 
 __all__ = ["Api", "ApiError", "__version__", "path_of"]

@@ -19,7 +19,7 @@ How it decides (as client-go's `tryAcquireOrRenew`, checked against its source):
   without a gap while every request is answered within renew/2 seconds (3.5 s by default; more
   exactly while max(retry, latency) + latency <= renew). Slower renewals that still succeed keep
   the Lease but leave gaps of 2 x latency - renew seconds per renewal, in which this process
-  does not write (25 % of the time at 4 s; tests/unit/test_leader_decisions.py). A request is
+  does not write (25 % of the time at 4 s, by the unit tests of the decisions). A request is
   given up after renew - retry seconds (the pending-write rule below covers one that landed).
 - Unlike client-go, a record that names our identity counts as ours only if it is exactly the
   record we last wrote (or the one a renewal whose answer was lost tried to write: it may have
