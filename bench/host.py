@@ -25,7 +25,7 @@ from fixtures import teamspace  # noqa: E402
 from kubernetes.client.rest import ApiException  # noqa: E402
 
 from cnpa_controller import Api, ApiError  # noqa: E402
-from cnpa_controller.controller import Settings  # noqa: E402
+from cnpa_controller.config import Settings  # noqa: E402
 from cnpa_controller.plan import API_VERSION, GROUP, LABEL  # noqa: E402
 from testhost import instance as testhost  # noqa: E402
 

@@ -6,7 +6,8 @@ import io
 
 from fixtures import teamspace
 
-from cnpa_controller.controller import Controller, Settings
+from cnpa_controller.config import Settings
+from cnpa_controller.controller import Controller
 
 
 class Follower:

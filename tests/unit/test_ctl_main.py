@@ -12,16 +12,14 @@ from pathlib import Path
 
 import pytest
 
-from cnpa_controller.__main__ import (
+from cnpa_controller.__main__ import from_flags, parser
+from cnpa_controller.config import (
     OPTIONS,
     ConfigError,
+    default_archive_dir,
     duration,
-    from_flags,
-    log_options,
-    parser,
     read_config,
 )
-from cnpa_controller.controller import default_archive_dir
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -70,8 +68,8 @@ def test_what_validation_accepts_can_run_ipv6_metrics_included():
         probe.bind(("::1", 0))
         port = probe.getsockname()[1]
     conf = read_config({"CNPA_METRICS_ADDRESS": f"[::1]:{port}"})
-    assert conf["metrics_address"] == ("::1", port)
-    server = Metrics().serve(*conf["metrics_address"], checks={"/healthz": list})
+    assert conf.metrics_address == ("::1", port)
+    server = Metrics().serve(*conf.metrics_address, checks={"/healthz": list})
     try:
         url = f"http://[::1]:{server.server_address[1]}/healthz"
         with urllib.request.urlopen(url, timeout=10) as resp:
@@ -79,16 +77,15 @@ def test_what_validation_accepts_can_run_ipv6_metrics_included():
     finally:
         server.shutdown()
     conf = read_config({"CNPA_LEASE_SECONDS": "10", "CNPA_RENEW_SECONDS": "9"})
-    assert conf["settings"].write_timeout == 1
+    assert conf.write_timeout == 1
 
 
 def test_defaults_are_the_lab_s():
-    conf = read_config({})
-    s = conf["settings"]
+    s = read_config({})
     assert (s.archive_dir, s.event_namespace, s.request_timeout) == \
         ("/root/cnpa-op/archive", "default", 10.0)
-    assert read_config({"CNPA_BASE_DIR": "/b"})["settings"].archive_dir == "/b/archive"
-    assert conf["election"] and conf["metrics_address"] is None
+    assert read_config({"CNPA_BASE_DIR": "/b"}).archive_dir == "/b/archive"
+    assert s.election and s.metrics_address is None
 
 
 def test_the_role_installs_the_program_s_defaults():
@@ -101,8 +98,8 @@ def test_the_role_installs_the_program_s_defaults():
     role = {}
     for f in ("roles/cnpa/defaults/main.yml", "roles/cnpa_controller/defaults/main.yml"):
         role.update(yaml.safe_load((ROOT / f).read_text()))
-    conf = read_config({})
-    s, lease = conf["settings"], conf["lease"]
+    s = read_config({})
+    lease = s.lease
     assert s.archive_dir == default_archive_dir()
     # Run by hand from either layout's install, a pass archives where that layout's unit does.
     for layout in role["cnpa_layouts"].values():
@@ -110,11 +107,11 @@ def test_the_role_installs_the_program_s_defaults():
     assert role["cnpa_controller_event_namespace"] == s.event_namespace
     assert role["cnpa_controller_workers"] == s.workers
     assert role["cnpa_controller_resync_seconds"] == s.resync_seconds
-    assert role["cnpa_controller_lease_name"] == lease["name"]
+    assert role["cnpa_controller_lease_name"] == lease.name
     assert (role["cnpa_controller_lease_seconds"], role["cnpa_controller_renew_seconds"],
             role["cnpa_controller_lease_retry_seconds"]) == \
-        (lease["lease_seconds"], lease["renew_seconds"], lease["retry_seconds"])
-    assert role["cnpa_controller_sa_namespace"] == lease["namespace"] == "cnpa-system"
+        (lease.lease_seconds, lease.renew_seconds, lease.retry_seconds)
+    assert role["cnpa_controller_sa_namespace"] == lease.namespace == "cnpa-system"
 
 
 def test_durations_as_kubectl_takes_them():
@@ -143,9 +140,9 @@ def test_a_metrics_port_in_use_exits_3(tmp_path):
 
 
 def test_with_leader_election_writes_time_out_before_another_host_could_take_over():
-    s = read_config({})["settings"]
+    s = read_config({})
     assert s.write_timeout == 10 - 7 and s.not_leader_retry_seconds == 2
-    assert read_config({"CNPA_LEADER_ELECTION": "0"})["settings"].write_timeout == 0
+    assert read_config({"CNPA_LEADER_ELECTION": "0"}).write_timeout == 0
 
 
 def test_the_electors_news_reaches_the_journal():
@@ -272,7 +269,7 @@ def _run(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
                           env=env or _env(), capture_output=True, text=True, timeout=60)
 
 
-def _config(argv: list, env: dict) -> dict:
+def _config(argv: list, env: dict):
     """What main() reads from these flags over this environment."""
     env = dict(env)
     flags = from_flags(parser().parse_args(argv), env)
@@ -284,21 +281,23 @@ def test_flags_win_over_the_environment():
            "CNPA_BASE_DIR": "/env", "KUBECONFIG": "/env/kubeconfig"}
     conf = _config(["--workers", "4", "--no-leader-election", "--kubeconfig", "/flag/kubeconfig",
                     "--archive-dir", "/flag/archive"], env)
-    assert conf["settings"].workers == 4 and conf["election"] is False
-    assert conf["kubeconfig"] == "/flag/kubeconfig"
-    assert conf["settings"].archive_dir == "/flag/archive"
-    assert conf["lease"]["name"] == "from-env"  # no flag: the variable still counts
-    assert _config(["--leader-election"], {"CNPA_LEADER_ELECTION": "0"})["election"] is True
-    assert _config([], env)["settings"].workers == 8
+    assert conf.workers == 4 and conf.election is False
+    assert conf.kubeconfig == "/flag/kubeconfig"
+    assert conf.archive_dir == "/flag/archive"
+    assert conf.lease.name == "from-env"  # no flag: the variable still counts
+    assert _config(["--leader-election"], {"CNPA_LEADER_ELECTION": "0"}).election is True
+    assert _config([], env).workers == 8
 
 
 def test_every_setting_read_has_a_flag():
     """A setting added to read_config without its flag would be the one a flag cannot set."""
     import inspect
 
+    from cnpa_controller import config
     from cnpa_controller.__main__ import main
 
-    source = "".join(inspect.getsource(f) for f in (read_config, log_options, main))
+    # What reads the variables: everything in config.py after the table of them, and main().
+    source = inspect.getsource(config).split("\ndef named(", 1)[1] + inspect.getsource(main)
     read = set(re.findall(r"\b(CNPA_[A-Z_]+|KUBECONFIG)\b", source))
     with_flag = {var for _flag, var, *_rest in OPTIONS}
     assert read == with_flag

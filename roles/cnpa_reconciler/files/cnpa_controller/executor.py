@@ -45,6 +45,7 @@ from typing import Callable
 
 from . import plan
 from .api import Api, ApiError, path_of
+from .config import Settings
 from .logs import about
 from .plan import API_VERSION, FINALIZER, LABEL, NAMESPACE_NOT_OURS, STEPS
 
@@ -328,6 +329,13 @@ class Executor:
         self._swept = ""  # the archive directory whose leftovers are gone
         self._sweep_lock = threading.Lock()
 
+    @classmethod
+    def from_settings(cls, api: Api, settings: Settings, **kw) -> Executor:
+        """The executor of a pass or of the controller: where these settings keep records and
+        Events; kw: may_write, observe, say, count."""
+        return cls(api, archive_dir=settings.archive_dir, event_namespace=settings.event_namespace,
+                   archive_namespace=settings.archive_namespace, **kw)
+
     # -- one TeamSpace ---------------------------------------------------------------------
     def execute(self, teamspace: dict, writes: list, now: str) -> Result:
         result = Result()
@@ -450,7 +458,7 @@ class Executor:
 
     # -- archive -----------------------------------------------------------------------------
     def _archive(self, w: plan.Archive, result: Result, failures: list) -> None:
-        now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        now = plan.utc_now()
         name, uid, d = w.teamspace, w.uid, self.archive_dir
         if archive_directory_broken(d):
             result.archive_broken = True

@@ -62,6 +62,7 @@ import time
 from typing import Callable
 
 from .api import DEFAULT_TIMEOUT, Api, ApiError
+from .config import LEASE_SECONDS, RENEW_SECONDS, RETRY_SECONDS, LeaseSettings
 
 log = logging.getLogger("cnpa_controller.leader")
 
@@ -73,12 +74,6 @@ MISSING = {"missing": True}  # the record of a Lease that does not exist (observ
 # Candidates that are not leading poll with jitter (as client-go's JitterUntil) so that they do
 # not all hit the API server in the same instant after a leader goes.
 JITTER = 0.2
-# Defaults, the role's too: a leader that stops renewing is replaced about LEASE_SECONDS +
-# RETRY_SECONDS later (docs/benchmark.md, "Leader lost"). The Lease lives in the role's
-# namespace, so that every writer, installed or run by hand, takes turns on the same one; where
-# that namespace does not exist, no controller can hold the Lease (see PassTurn).
-LEASE_NAMESPACE, LEASE_NAME = "cnpa-system", "cnpa-op"
-LEASE_SECONDS, RENEW_SECONDS, RETRY_SECONDS = 10, 7, 2
 
 
 def micro_time(wall: float) -> str:
@@ -190,6 +185,13 @@ class Elector:
         self.transitions_seen = 0
         self.stepped_at = float("-inf")   # our clock when run() last went round (alive())
         self.lease_uid = ""   # for lease_event(..., uid=elector.lease_uid)
+
+    @classmethod
+    def of(cls, api: Api, lease: LeaseSettings, **kw) -> Elector:
+        """An Elector of the Lease these settings name, with their timings."""
+        return cls(api, lease.namespace, lease.name, lease.identity,
+                   lease_seconds=lease.lease_seconds, renew_seconds=lease.renew_seconds,
+                   retry_seconds=lease.retry_seconds, **kw)
 
     @property
     def path(self) -> str:
@@ -413,12 +415,8 @@ class PassTurn:
 
     LEADING, NO_LEASE, REFUSED = "leading", "no-lease", "refused"
 
-    def __init__(self, api: Api, namespace: str, name: str, identity: str, *,
-                 lease_seconds: float = LEASE_SECONDS, renew_seconds: float = RENEW_SECONDS,
-                 retry_seconds: float = RETRY_SECONDS, clock=boottime, wall=time.time) -> None:
-        self.elector = Elector(api, namespace, name, identity, lease_seconds=lease_seconds,
-                               renew_seconds=renew_seconds, retry_seconds=retry_seconds,
-                               clock=clock, wall=wall, news=logging.DEBUG)
+    def __init__(self, api: Api, lease: LeaseSettings, *, clock=boottime, wall=time.time) -> None:
+        self.elector = Elector.of(api, lease, clock=clock, wall=wall, news=logging.DEBUG)
         self.api = api
         self._clock = clock
         self._stop = threading.Event()

@@ -28,10 +28,8 @@ from typing import Callable
 from . import leader, plan
 from .api import Api, ApiError
 from .cache import Caches
-from .controller import EXIT_ARCHIVE, EXIT_OK, Settings
+from .config import EXIT_ARCHIVE, EXIT_FAILED, EXIT_OK, EXIT_UNREADABLE, Settings
 from .executor import Executor
-
-EXIT_FAILED, EXIT_UNREADABLE = 1, 2
 
 log = logging.getLogger(__name__)
 
@@ -88,11 +86,9 @@ def run_pass(api: Api, settings: Settings, *, now: str, say: Callable[[str, str]
                         turn.elector.describe(), got, len(todo))
             return EXIT_OK
     try:
-        executor = Executor(api, archive_dir=settings.archive_dir,
-                            event_namespace=settings.event_namespace,
-                            archive_namespace=settings.archive_namespace,
-                            may_write=turn.may_write if turn is not None else lambda: True,
-                            observe=caches.observe, say=say)
+        executor = Executor.from_settings(
+            api, settings, may_write=turn.may_write if turn is not None else lambda: True,
+            observe=caches.observe, say=say)
         with ThreadPoolExecutor(max(1, min(settings.workers, len(todo)))) as pool:
             results = list(pool.map(lambda item: executor.execute(item[0], item[1], now), todo))
     finally:

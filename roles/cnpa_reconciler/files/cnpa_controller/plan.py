@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import time
 from dataclasses import asdict, dataclass
 from fractions import Fraction
 from typing import Any, ClassVar
@@ -413,6 +414,11 @@ def _reported(teamspace: dict, reason: str, message: str, now: str) -> list:
 def failed_status(teamspace: dict, reason: str, message: str, now: str) -> list:
     """After a write failed for a reason the TeamSpace's owner should see: Ready False."""
     return _not_ready(teamspace, reason, message[:1024], now)
+
+
+def utc_now() -> str:
+    """The `now` the plan takes: the time written into conditions and Events (UTC, seconds)."""
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
 
 def plan(teamspace: dict, namespace: dict | None, quota: dict | None, now: str) -> list:
