@@ -25,7 +25,7 @@ from ctllib import (
 from fixtures import teamspace
 from hostlib import wait_for
 
-from cnpa_controller.executor import EVENT_BURST, EVENT_REFILL_SECONDS
+from cnpa_controller.events import EVENT_BURST, EVENT_REFILL_SECONDS
 
 
 def test_a_new_teamspace_gets_namespace_quota_finalizer_and_ready(host, controller):

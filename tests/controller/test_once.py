@@ -12,7 +12,7 @@ import pytest
 from ctllib import FINALIZER, ControllerProcess, events, get_or_none, quota_hard, ready
 from fixtures import teamspace
 
-from cnpa_controller.executor import EVENT_BURST, EVENT_REFILL_SECONDS
+from cnpa_controller.events import EVENT_BURST, EVENT_REFILL_SECONDS
 
 
 @pytest.fixture(params=["--once", "reconcile.sh"])

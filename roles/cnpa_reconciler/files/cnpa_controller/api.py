@@ -30,6 +30,7 @@ from urllib.parse import quote, urlencode, urlsplit
 # A request that has no timeout of its own gets this one (seconds): a hung API server must not
 # hang a worker or a watch forever.
 DEFAULT_TIMEOUT = 10.0
+JSON_PATCH, MERGE_PATCH = "application/json-patch+json", "application/merge-patch+json"
 
 
 class ApiError(Exception):

@@ -63,12 +63,12 @@ from typing import Callable
 
 from .api import DEFAULT_TIMEOUT, Api, ApiError
 from .config import LEASE_SECONDS, RENEW_SECONDS, RETRY_SECONDS, LeaseSettings
+from .plan import MANAGED_BY
 
 log = logging.getLogger("cnpa_controller.leader")
 
 LEASES = "/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases"
 EVENTS = "/api/v1/namespaces/{namespace}/events"
-MANAGED_BY = ("app.kubernetes.io/managed-by", "cnpa-op")
 RECORD_FIELDS = ("holderIdentity", "leaseDurationSeconds", "acquireTime", "renewTime", "leaseTransitions")
 MISSING = {"missing": True}  # the record of a Lease that does not exist (observed like any other)
 # Candidates that are not leading poll with jitter (as client-go's JitterUntil) so that they do

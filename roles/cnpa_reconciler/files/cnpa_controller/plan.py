@@ -32,6 +32,8 @@ API_VERSION = f"{GROUP}/v1alpha1"
 FINALIZER = f"{GROUP}/cleanup"
 LABEL = f"{GROUP}/teamspace"
 QUOTA = "team-quota"
+# Every object the controller makes carries this label (Events, archive ConfigMaps, the Lease).
+MANAGED_BY = ("app.kubernetes.io/managed-by", "cnpa-op")
 DEFAULT_CPU = "1"
 # The CRD bounds spec.cpu to this length; the controller holds to it too, so that a server
 # without that bound cannot feed it a value it would spend a pass parsing or printing.
