@@ -13,6 +13,7 @@ the API server nor the kubernetes client; nor do --once and --plan (api.connect)
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import signal
@@ -23,8 +24,11 @@ from . import __version__, leader, logs
 from .api import Api, KubeconfigError, TokenFile, connect, token_file_of
 from .config import (
     EXIT_CONFIG,
+    EXIT_OK,
+    EXIT_UNREADABLE,
     OPTIONS,
     PASS,
+    PASS_SECONDS,
     WATCH,
     ConfigError,
     Settings,
@@ -33,6 +37,11 @@ from .config import (
     read_config,
 )
 from .controller import Controller
+from .once import PAUSE_SECONDS, UNTIL, run_pass, run_until
+from .plan import FINALIZER, utc_now
+
+# --until's bound when --max-passes is not given (the role's cnpa_controller_uninstall_passes).
+MAX_PASSES = 20
 
 log = logging.getLogger("cnpa_controller")
 
@@ -50,6 +59,9 @@ writes as JSON lines instead. stderr: problems ("TeamSpace NAME: MESSAGE") and t
 news (caches synced, leadership, watches re-listed), each line "TIME LEVEL cnpa-op: MESSAGE"
 (time in UTC). With --log-format json every line of both is one JSON object: time, level,
 logger, msg, and teamspace when the line is about one (a write's msg is its text line).
+With --until the passes' write lines go to stderr too, and stdout is one JSON line once the
+passes end: {"passes": N, "last_exit": the last pass's exit status, "left": [the names still
+waiting], "teamspaces": [{"name", "uid", "deleting": true|false, "finalizers": [...]}, ...]}.
 
 Exit status of the controller: 0 stopped by a signal; 3 bad configuration (the message names
 the flag or variable); 4 the archive directory is missing or was replaced (systemd restarts the
@@ -57,7 +69,9 @@ service, whose sandbox then binds the directory anew).
 Exit status of --once and --plan, as reconcile.sh's: 0 converged or converging; 1 some
 TeamSpace failed (named on stderr, retried next pass); 2 the API server could not be read
 (nothing written); 3 bad configuration or internal error; 4 the archive directory is missing
-or was replaced."""
+or was replaced.
+Exit status of --once --until: 0 the JSON line printed (whatever "left" names); 2 the
+TeamSpaces could not be listed after a pass (nothing printed); 3 bad configuration."""
 
 
 class Parser(argparse.ArgumentParser):
@@ -80,6 +94,14 @@ def parser() -> Parser:
                       "deadline)")
     mode.add_argument("--plan", action="store_true",
                       help="that pass's writes as JSON lines on stdout; nothing written")
+    p.add_argument("--until", choices=UNTIL,
+                   help=f"with --once: passes {PAUSE_SECONDS:g} s apart until no TeamSpace holds "
+                   f"the finalizer {FINALIZER} (released) or every TeamSpace not being deleted "
+                   f"holds it (finalized), at most --max-passes of them, none begun after "
+                   f"--max-passes x {PASS_SECONDS} s; then one JSON line on stdout, the passes' "
+                   "write lines on stderr")
+    p.add_argument("--max-passes", metavar="N", type=_passes,
+                   help=f"the most passes --until makes, 1-1000 (default: {MAX_PASSES})")
     groups = {title: p.add_argument_group(title) for title in (PASS, WATCH)}
     for flag, var, metavar, text, group in OPTIONS:
         if metavar is None:
@@ -88,6 +110,23 @@ def parser() -> Parser:
         else:
             groups[group].add_argument(flag, dest=var, metavar=metavar, help=f"{text} [{var}]")
     return p
+
+
+def _passes(text: str) -> int:
+    if not text.isdigit() or not 1 <= int(text) <= 1000:
+        raise argparse.ArgumentTypeError(f"{text!r}: must be a whole number from 1 to 1000")
+    return int(text)
+
+
+def parse(argv: list) -> argparse.Namespace:
+    """The command line, its combinations checked (SystemExit as argparse's, EXIT_CONFIG)."""
+    p = parser()
+    args = p.parse_args(argv)
+    if args.until and not args.once:
+        p.error("--until needs --once")
+    if args.max_passes is not None and not args.until:
+        p.error("--max-passes needs --until")
+    return args
 
 
 def from_flags(args: argparse.Namespace, env: dict) -> dict:
@@ -131,7 +170,7 @@ def api_client(kubeconfig: str, pool_size: int, name: str = "KUBECONFIG"):
 def main(env: dict | None = None, argv: list | tuple = ()) -> int:
     env = dict(os.environ if env is None else env)
     try:
-        args = parser().parse_args(list(argv))
+        args = parse(list(argv))
     except SystemExit as exc:  # --help, --version: 0; a bad flag: EXIT_CONFIG (Parser.error)
         return exc.code
     flags = from_flags(args, env)
@@ -158,6 +197,8 @@ def main(env: dict | None = None, argv: list | tuple = ()) -> int:
     except KubeconfigError as exc:
         log.error("%s: %s", kubeconfig, exc)
         return EXIT_CONFIG
+    if args.until:
+        return passes_until(api, settings, args.until, args.max_passes or MAX_PASSES)
     if args.once or args.plan:
         return one_pass(api, settings, plan_only=args.plan)
     # Only the long-running controller has metrics (prometheus_client: a pass starts faster).
@@ -207,15 +248,12 @@ def main(env: dict | None = None, argv: list | tuple = ()) -> int:
     return controller.run()
 
 
-def one_pass(api, settings: Settings, *, plan_only: bool) -> int:
+def one_pass(api, settings: Settings, *, plan_only: bool, out=None) -> int:
     """--once / --plan: one pass from a fresh list (reconcile.sh's mode: passes on one host take
     turns on a lock). With leader election the pass takes its turn on the Lease before it writes;
     without, it writes as the only writer."""
-    from .once import run_pass
-    from .plan import utc_now
-
     def say(name: str, what: str) -> None:
-        print(logs.write_line(name, what), flush=True)
+        print(logs.write_line(name, what), file=out or sys.stdout, flush=True)
 
     def plan_line(line: str) -> None:
         print(line)
@@ -229,6 +267,17 @@ def one_pass(api, settings: Settings, *, plan_only: bool) -> int:
     except Exception:
         log.exception("internal error; pass aborted:")
         return EXIT_CONFIG
+
+
+def passes_until(api, settings: Settings, until: str, max_passes: int) -> int:
+    """--once --until: passes until the TeamSpaces are what `until` waits for (once.run_until),
+    then what they are as one JSON line on stdout; each pass's write lines go to stderr."""
+    outcome = run_until(api, settings, until=until, max_passes=max_passes,
+                        one_pass=lambda: one_pass(api, settings, plan_only=False, out=sys.stderr))
+    if outcome is None:
+        return EXIT_UNREADABLE
+    print(json.dumps(outcome, separators=(",", ":"), ensure_ascii=False), flush=True)
+    return EXIT_OK
 
 
 if __name__ == "__main__":

@@ -44,6 +44,9 @@ LEASE_NAMESPACE, LEASE_NAME = "cnpa-system", "cnpa-op"
 LEASE_SECONDS, RENEW_SECONDS, RETRY_SECONDS = 10, 7, 2
 # The least time a leader's write may take (lease - renew seconds; see read_config).
 MIN_WRITE_SECONDS = 1.0
+# What one pass may take (reconcile.sh's CNPA_PASS_DEADLINE default): --until makes no pass
+# after max-passes times this.
+PASS_SECONDS = 60
 
 
 def default_archive_dir(base_dir: str = "", installed_in: str = INSTALLED_IN) -> str:

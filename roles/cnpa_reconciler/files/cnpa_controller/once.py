@@ -11,6 +11,9 @@ Lease and renews it, the pass writes nothing (that process writes); where the Le
 does not exist, no controller can hold it and the pass writes unfenced. A pass with nothing to
 write sends no request beyond its lists.
 
+run_until() makes passes until the TeamSpaces are what a caller waits for (the uninstall: every
+one carries the finalizer, then none does) and says what they are then.
+
 Exit status as reconcile.sh's: 0 converged or converging (another controller's writes
 included); 1 some TeamSpace failed or has a problem no write can fix (named on stderr, retried
 next pass), or the pass lost the Lease before it was done or may not read it; 2 the API server
@@ -22,14 +25,22 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable
 
 from . import leader, plan
 from .api import Api, ApiError
 from .cache import Caches
-from .config import EXIT_ARCHIVE, EXIT_FAILED, EXIT_OK, EXIT_UNREADABLE, Settings
+from .config import EXIT_ARCHIVE, EXIT_FAILED, EXIT_OK, EXIT_UNREADABLE, PASS_SECONDS, Settings
 from .executor import Executor
+from .plan import FINALIZER
+
+# What run_until waits for: no TeamSpace holds our finalizer (RELEASED), or every TeamSpace that
+# is not being deleted holds it (FINALIZED).
+RELEASED, FINALIZED = "released", "finalized"
+UNTIL = (RELEASED, FINALIZED)
+PAUSE_SECONDS = 1.0
 
 log = logging.getLogger(__name__)
 
@@ -103,3 +114,54 @@ def run_pass(api: Api, settings: Settings, *, now: str, say: Callable[[str, str]
     if any(r.failed or r.problems for r in results):
         return EXIT_FAILED
     return EXIT_OK
+
+
+def waiting(teamspaces: list[dict], until: str) -> list[str]:
+    """The names of the TeamSpaces that are not yet what `until` waits for."""
+    names = []
+    for t in teamspaces:
+        meta = t.get("metadata") or {}
+        ours = FINALIZER in (meta.get("finalizers") or [])
+        if ours if until == RELEASED else (not ours and not meta.get("deletionTimestamp")):
+            names.append(meta.get("name"))
+    return names
+
+
+def described(teamspaces: list[dict]) -> list[dict]:
+    """What a caller reads of each TeamSpace: to delete that very one, or to say what holds it."""
+    return [{"name": meta.get("name"), "uid": meta.get("uid"),
+             "deleting": meta.get("deletionTimestamp") is not None,
+             "finalizers": meta.get("finalizers") or []}
+            for meta in ((t.get("metadata") or {}) for t in teamspaces)]
+
+
+def list_teamspaces(api: Api, settings: Settings) -> list[dict]:
+    """Every TeamSpace, in name order. Raises ApiError."""
+    caches = Caches(api, lambda name: None, page_size=settings.list_page_size,
+                    request_timeout=settings.request_timeout)
+    caches.teamspaces.relist()
+    return [caches.teamspaces.get(name) for name in sorted(caches.teamspaces.list_keys())]
+
+
+def run_until(api: Api, settings: Settings, *, until: str, max_passes: int,
+              one_pass: Callable[[], int], clock: Callable[[], float] = time.monotonic,
+              sleep: Callable[[float], None] = time.sleep) -> dict | None:
+    """Passes (one_pass() makes one and returns its exit status), PAUSE_SECONDS apart, until
+    the TeamSpaces listed after a pass are what `until` waits for, or max_passes were made, or
+    max_passes * PASS_SECONDS have gone by. Returns passes, last_exit, left (the names still
+    waiting) and every TeamSpace (described); None when they could not be listed."""
+    deadline = clock() + max_passes * PASS_SECONDS
+    passes = 0
+    while True:
+        last_exit = one_pass()
+        passes += 1
+        try:
+            teamspaces = list_teamspaces(api, settings)
+        except ApiError as exc:
+            log.error("cannot list the TeamSpaces after pass %d: %s", passes, exc)
+            return None
+        left = waiting(teamspaces, until)
+        if not left or passes >= max_passes or clock() >= deadline:
+            return {"passes": passes, "last_exit": last_exit, "left": left,
+                    "teamspaces": described(teamspaces)}
+        sleep(PAUSE_SECONDS)
