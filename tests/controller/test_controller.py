@@ -390,15 +390,15 @@ def test_a_list_whose_continue_token_expired_is_made_again_in_one_piece(host, ca
     answers 410, and the informer lists again in one piece, missing nothing. On etcd any
     compaction past the token does it; kine keeps its newest 1000 revisions through a
     compaction, so there it takes more than 1000 writes as well (both run here: conftest)."""
-    from cnpa_controller import Api, ApiError
-    from cnpa_controller.__main__ import api_client
+    from cnpa_controller import ApiError
+    from cnpa_controller.api import connect
     from cnpa_controller.cache import Informer
 
     ns = f"ctl-continue-{int(time.time()) % 100000}"
     host.kubectl("create", "namespace", ns)
     for i in range(5):
         host.kubectl("create", "configmap", f"cm-{i}", "-n", ns)
-    api = Api(api_client(str(host.inst.kubeconfig), 4))
+    api = connect(str(host.inst.kubeconfig))
     path = f"/api/v1/namespaces/{ns}/configmaps"
     pages: list = []
 

@@ -1,6 +1,7 @@
-"""connect(): a pass's connection to the API server (http.client, a kubeconfig read without the
-kubernetes client), against a real HTTP server on loopback. TLS and client certificates are
-exercised against a real API server in tests/controller/test_once.py."""
+"""connect(): the connection to the API server of every mode (http.client, a kubeconfig read
+without the kubernetes client), against a real HTTP server on loopback. TLS, proxies, exec
+plugins and watches: tests/unit/test_ctl_transport.py; against a real API server:
+tests/controller."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ import threading
 
 import pytest
 
-from cnpa_controller.api import ApiError, KubeconfigError, connect, kubeconfig_entries
+from cnpa_controller.api import ApiError, connect
+from cnpa_controller.kubeconfig import KubeconfigError, TokenFile, kubeconfig_entries
 
 
 class Server:
@@ -87,7 +89,7 @@ def test_a_renewed_token_file_is_read_again_after_a_401(server, tmp_path):
     token.write_text("first\n")
     # A relative tokenFile is relative to the kubeconfig's directory.
     api = connect(kubeconfig(tmp_path / "k", server.url, "{tokenFile: token}"))
-    api.connection._token_file.check_seconds = 3600  # only the 401 makes it look again
+    api.connection.target.token_file.check_seconds = 3600  # only the 401 makes it look again
     api.request("GET", "/a")
     token.write_text("second\n")
     server.statuses = [401]
@@ -127,9 +129,9 @@ def test_kubeconfig_files_merge_as_kubectl_merges_them(tmp_path):
 
 
 @pytest.mark.parametrize("user, named", [
-    ("{exec: {command: aws}}", "exec"),
     ("{auth-provider: {name: oidc}}", "auth-provider"),
     ("{as: admin, token: t}", "as"),
+    ("{as-groups: [system:masters], token: t}", "as-groups"),
 ])
 def test_credentials_it_cannot_send_are_refused_by_name(tmp_path, user, named):
     with pytest.raises(KubeconfigError, match=f"{named} in the current context is not supported"):
@@ -145,3 +147,28 @@ def test_a_broken_kubeconfig_is_named(tmp_path, text, named):
     (tmp_path / "k").write_text(text)
     with pytest.raises(KubeconfigError, match=named):
         connect(str(tmp_path / "k"))
+
+
+def test_a_token_file_is_followed_as_the_token_unit_renews_it(tmp_path):
+    """Looked at at most once a second, read again only when it changed; missing for a moment,
+    or empty, the last good token stays."""
+    now = [0.0]
+    path = tmp_path / "token"
+    path.write_text("first\n")
+    tokens = TokenFile(str(path), clock=lambda: now[0])
+    assert tokens.current() == "first"
+    (tmp_path / "token.new").write_text("second\n")
+    os.replace(tmp_path / "token.new", path)
+    assert tokens.current() == "first"   # within the second
+    now[0] = 1.0
+    assert tokens.current() == "second" and tokens.reads == 2
+    for i in range(5):
+        now[0] = 2.0 + i
+        assert tokens.current() == "second"
+    assert tokens.reads == 2   # unchanged: looked at, not read
+    path.unlink()
+    now[0] = 10.0
+    assert tokens.current() == "second"
+    path.write_text("")
+    now[0] = 11.0
+    assert tokens.current() == "second"

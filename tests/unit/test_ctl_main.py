@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -158,98 +160,6 @@ def test_the_electors_news_reaches_the_journal():
                         proc.stderr), proc.stderr
 
 
-def _kubeconfig(tmp_path: Path, token_file: str) -> Path:
-    path = tmp_path / "kubeconfig"
-    path.write_text(f"""apiVersion: v1
-kind: Config
-clusters: [{{name: c, cluster: {{server: "https://127.0.0.1:6443", insecure-skip-tls-verify: true}}}}]
-users:
-  - {{name: other, user: {{token: x}}}}
-  - {{name: sa, user: {{tokenFile: {token_file}}}}}
-contexts: [{{name: ctx, context: {{cluster: c, user: sa}}}}]
-current-context: ctx
-""")
-    return path
-
-
-def test_a_renewed_token_file_is_sent_from_the_next_check_on(tmp_path):
-    """The client alone would send the token it read at start for ever (issue: locked out once
-    it expires); TokenFile, installed by api_client, follows the file as the token unit renews it."""
-    from cnpa_controller.__main__ import api_client
-    from cnpa_controller.api import token_file_of
-
-    (tmp_path / "token").write_text("first\n")
-    kubeconfig = _kubeconfig(tmp_path, "token")  # relative: to the kubeconfig's directory
-    assert token_file_of(str(kubeconfig)) == str(tmp_path / "token")
-    client = api_client(str(kubeconfig), 4)
-    cfg = client.configuration
-
-    def sent() -> str:
-        return cfg.auth_settings()["BearerToken"]["value"]
-
-    hook = cfg.refresh_api_key_hook
-    assert sent() == "Bearer first"
-    # Renewed as the token unit does: a new file renamed over the old one.
-    (tmp_path / "token.new").write_text("second\n")
-    os.replace(tmp_path / "token.new", tmp_path / "token")
-    hook._next_check = float("-inf")  # (checked at most once a second)
-    assert sent() == "Bearer second"
-    reads = hook.reads
-    for _ in range(5):
-        hook._next_check = float("-inf")
-        assert sent() == "Bearer second"
-    assert hook.reads == reads  # unchanged file: looked at, not read again
-    # Missing for a moment, or empty: the last good token stays.
-    (tmp_path / "token").unlink()
-    hook._next_check = float("-inf")
-    assert sent() == "Bearer second"
-    (tmp_path / "token").write_text("")
-    hook._next_check = float("-inf")
-    assert sent() == "Bearer second"
-
-
-def test_a_401_makes_the_next_request_read_the_token_file_again(tmp_path):
-    from cnpa_controller.api import Api, ApiError, TokenFile
-
-    class Resp:
-        status = 401
-
-        def read(self):
-            return b'{"kind":"Status","reason":"Unauthorized","message":"Unauthorized"}'
-
-        def release_conn(self):
-            pass
-
-    class Pool:
-        def request(self, *a, **k):
-            return Resp()
-
-    class Cfg:
-        host = "https://api"
-
-        def __init__(self):
-            self.api_key = {}
-            self.refresh_api_key_hook = TokenFile(str(tmp_path / "t"), check_seconds=3600)
-
-        def auth_settings(self):
-            self.refresh_api_key_hook(self)
-            return {}
-
-    class Client:
-        configuration = Cfg()
-        rest_client = type("R", (), {"pool_manager": Pool()})()
-
-    (tmp_path / "t").write_text("a")
-    api = Api(Client())
-    hook = Client.configuration.refresh_api_key_hook
-    with pytest.raises(ApiError):
-        api.request("GET", "/api")
-    assert hook.reads == 1
-    with pytest.raises(ApiError):  # within the hour, but after a 401: read again
-        api.request("GET", "/api")
-    assert hook.reads == 2
-
-
 def test_the_version_is_the_collection_s():
     import yaml
 
@@ -358,9 +268,38 @@ def test_help_and_version_need_no_api_server_and_no_kubernetes_client(tmp_path, 
         assert proc.stdout.startswith("usage: python3 -m cnpa_controller ")
         assert "--workers N" in proc.stdout and "[CNPA_WORKERS]" in proc.stdout
         assert "Exit status of --once and --plan" in proc.stdout
-    # The poison works: the long-running controller does import the client.
-    proc = _run("--kubeconfig", str(kubeconfig), env=_env(PYTHONPATH=str(tmp_path)))
-    assert proc.returncode == 3 and "the kubernetes client was imported" in proc.stderr, proc.stderr
+
+
+def test_the_long_running_controller_needs_neither_the_kubernetes_client_nor_urllib3(tmp_path):
+    """Both fail on import, first on the path: the controller runs (its watches retry against a
+    server nobody answers at) and stops on SIGTERM, having imported neither."""
+    for name in ("kubernetes", "urllib3"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "__init__.py").write_text(f"raise ImportError('{name} was imported')\n")
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text("apiVersion: v1\nkind: Config\ncurrent-context: c\n"
+                          "clusters: [{name: c, cluster: {server: 'http://127.0.0.1:1'}}]\n"
+                          "contexts: [{name: c, context: {cluster: c, user: u}}]\n"
+                          "users: [{name: u, user: {token: t}}]\n")
+    env = _env(PYTHONPATH=str(tmp_path), KUBECONFIG=str(kubeconfig), CNPA_LEADER_ELECTION="0",
+               CNPA_ARCHIVE_DIR=str(tmp_path / "archive"))
+    log = tmp_path / "stderr"
+    with open(log, "w") as err:
+        proc = subprocess.Popen([sys.executable, "-m", "cnpa_controller"], cwd=ROOT, env=env,
+                                stdout=subprocess.DEVNULL, stderr=err)
+    try:
+        deadline = time.monotonic() + 60
+        while "list of TeamSpace failed" not in log.read_text() and proc.poll() is None:
+            assert time.monotonic() < deadline, log.read_text()
+            time.sleep(0.2)
+        assert proc.poll() is None, log.read_text()
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+    assert proc.returncode == 0 and "was imported" not in log.read_text(), log.read_text()
 
 
 def test_the_docs_quote_the_help_as_the_program_gives_it():

@@ -81,6 +81,36 @@ def test_every_mode_reads_its_settings_from_config_not_from_the_watch_loop():
     assert "controller" not in graph["once"]
 
 
+def _outside_imports(module: str) -> set[str]:
+    """What a module imports from outside the package, each name with its parents (http.client
+    gives http and http.client)."""
+    names = set()
+    for node in ast.walk(ast.parse(modules()[module].read_text())):
+        if isinstance(node, ast.Import):
+            found = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            found = [node.module]
+        else:
+            continue
+        for name in found:
+            parts = name.split(".")
+            names.update(".".join(parts[:i]) for i in range(1, len(parts) + 1))
+    return {n for n in names if not n.startswith("cnpa_controller")}
+
+
+def test_one_transport_and_one_kubeconfig_reader_for_every_mode():
+    """Every request and watch goes through api.py's http.client connection; the kubeconfig is
+    read in kubeconfig.py alone; the kubernetes client and urllib3 are not imported at all."""
+    for module in modules():
+        outside = _outside_imports(module)
+        assert not {"kubernetes", "urllib3"} & outside, module
+        if module != "api":
+            assert not {"http.client", "urllib.request", "ssl"} & outside, \
+                f"{module} makes requests itself"
+        if module != "kubeconfig":
+            assert "yaml" not in outside, f"{module} reads a kubeconfig itself"
+
+
 def test_the_executor_and_its_stores_are_short():
     counted = lines()
     for module, most in ONE_JOB.items():

@@ -146,3 +146,10 @@ def test_a_forged_namespace_with_our_reference_and_labels_of_its_own_is_not_ours
 def test_our_recorded_namespace_may_carry_labels_its_team_added():
     team = ns(**{"pod-security.kubernetes.io/enforce": "restricted"})
     assert p.plan(ts(status=converged_status()), team, quota(), NOW) == []
+
+
+def test_a_teamspace_and_its_namespace_name_each_other():
+    assert p.namespace_of("a-b") == "team-a-b"
+    assert p.teamspace_of("team-a-b") == "a-b"
+    assert p.teamspace_of(p.namespace_of("x")) == "x"
+    assert p.teamspace_of("team-") is None and p.teamspace_of("kube-system") is None

@@ -6,8 +6,8 @@ SIGTERM or SIGINT, then finishes the passes under way, gives up its Lease and ex
 
 Every setting is a flag and an environment variable (config.OPTIONS, read by
 config.read_config); they, the output and the exit statuses are the --help text (parser()),
-which docs/architecture.md quotes (a test compares the two). --help and --version need neither
-the API server nor the kubernetes client; nor do --once and --plan (api.connect).
+which docs/architecture.md quotes (a test compares the two). --help and --version need no
+API server. No mode needs the kubernetes client (api.connect).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import sys
 import threading
 
 from . import __version__, leader, logs
-from .api import Api, KubeconfigError, TokenFile, connect, token_file_of
+from .api import connect
 from .config import (
     EXIT_CONFIG,
     EXIT_OK,
@@ -37,6 +37,7 @@ from .config import (
     read_config,
 )
 from .controller import Controller
+from .kubeconfig import KubeconfigError
 from .once import PAUSE_SECONDS, UNTIL, run_pass, run_until
 from .plan import FINALIZER, utc_now
 
@@ -141,32 +142,6 @@ def from_flags(args: argparse.Namespace, env: dict) -> dict:
     return flags
 
 
-def api_client(kubeconfig: str, pool_size: int, name: str = "KUBECONFIG"):
-    try:
-        from kubernetes import client, config
-    except ImportError as exc:
-        raise ConfigError(f"the kubernetes Python client is not installed ({exc})") from exc
-
-    cfg = client.Configuration()
-    path = kubeconfig or os.path.expanduser("~/.kube/config")
-    if kubeconfig or os.path.exists(path) or not os.environ.get("KUBERNETES_SERVICE_HOST"):
-        try:
-            config.load_kube_config(config_file=path, client_configuration=cfg)
-            token_file = token_file_of(path)
-        except Exception as exc:
-            raise ConfigError(f"{name}={path!r}: cannot load it: {exc}") from exc
-        if token_file:
-            # The token is renewed into this file (the role's token timer): read it again when
-            # it changes, or the process is locked out once the first token expires.
-            cfg.refresh_api_key_hook = TokenFile(token_file)
-    else:
-        # (The in-cluster loader re-reads its mounted token every minute by itself.)
-        config.load_incluster_config(client_configuration=cfg)
-    # Three watches, the workers and the Lease each hold a connection.
-    cfg.connection_pool_maxsize = pool_size
-    return client.ApiClient(cfg)
-
-
 def main(env: dict | None = None, argv: list | tuple = ()) -> int:
     env = dict(os.environ if env is None else env)
     try:
@@ -183,14 +158,10 @@ def main(env: dict | None = None, argv: list | tuple = ()) -> int:
     kubeconfig = named("KUBECONFIG", flags)
     try:
         settings = read_config(env, flags)
-        if args.once or args.plan:
-            # A pass needs no kubernetes client: its import alone costs more than an idle pass.
-            # A pass's writes are fenced by the Lease as the controller's are: the same timeout.
-            api = connect(settings.kubeconfig, timeout=settings.timeout,
-                          user_agent=settings.user_agent, env=env)
-        else:
-            client = api_client(settings.kubeconfig, settings.workers + 8, name=kubeconfig)
-            client.user_agent = settings.user_agent
+        # A pass's writes are fenced by the Lease as the controller's are: the same timeout. The
+        # workers, three watches and the Lease each hold a connection.
+        api = connect(settings.kubeconfig, timeout=settings.timeout,
+                      user_agent=settings.user_agent, env=env, pool=settings.workers + 8)
     except ConfigError as exc:
         log.error("%s", exc)
         return EXIT_CONFIG
@@ -208,7 +179,6 @@ def main(env: dict | None = None, argv: list | tuple = ()) -> int:
         log.error("%s", exc)
         return EXIT_CONFIG
 
-    api = Api(client, timeout=settings.timeout)
     metrics = Metrics()
 
     make_elector = None

@@ -117,7 +117,7 @@ def request_of(intent: plan.Intent, written: dict, *, fallback: bool = False
         if mine:  # our own finalizer patch a moment ago: else this replace conflicts with it
             body["metadata"]["resourceVersion"] = mine[0]
         if intent.namespace_created:
-            ns = written.get(f"/api/v1/namespaces/team-{intent.teamspace}")
+            ns = written.get(f"/api/v1/namespaces/{plan.namespace_of(intent.teamspace)}")
             body["status"]["namespaceUID"] = ns[1] if ns else None
         return "PUT", _teamspace_path(intent.teamspace, "status"), None, body
     raise ValueError(f"the plan has an intent this executor does not know: {intent!r}")
@@ -251,9 +251,9 @@ class Executor:
                            f"namespace create: {err}; the cache had not seen it yet, retrying", now)
             else:
                 self._fail(w, result, failures, NAMESPACE_NOT_OURS,
-                           f"namespace team-{name} already exists and is not managed by cnpa-op "
-                           f"(no {LABEL}={name} label); not adopting or modifying it - delete or "
-                           "rename it", now)
+                           f"namespace {plan.namespace_of(name)} already exists and is not "
+                           f"managed by cnpa-op (no {LABEL}={name} label); not adopting or "
+                           "modifying it - delete or rename it", now)
         elif is_conflict(exc) or (exc.reason == "AlreadyExists" and step == "quota"):
             self._fail(w, result, failures, CONFLICT,
                        f"{step} {op} conflicted with another write ({err}); retrying", now)

@@ -32,6 +32,9 @@ API_VERSION = f"{GROUP}/v1alpha1"
 FINALIZER = f"{GROUP}/cleanup"
 LABEL = f"{GROUP}/teamspace"
 QUOTA = "team-quota"
+# TeamSpace NAME's namespace is team-NAME (namespace_of), and namespace team-NAME concerns
+# TeamSpace NAME (teamspace_of).
+NAMESPACE_PREFIX = "team-"
 # Every object the controller makes carries this label (Events, archive ConfigMaps, the Lease).
 MANAGED_BY = ("app.kubernetes.io/managed-by", "cnpa-op")
 DEFAULT_CPU = "1"
@@ -187,6 +190,19 @@ class SetStatus(Intent, step="status", op="replace"):
     namespace_created: bool
 
 
+def namespace_of(name: str) -> str:
+    """The namespace of TeamSpace `name`."""
+    return NAMESPACE_PREFIX + name
+
+
+def teamspace_of(namespace: str) -> str | None:
+    """The TeamSpace a namespace is named for, whatever its labels say (the plan judges those);
+    None for a namespace not named team-NAME."""
+    if namespace.startswith(NAMESPACE_PREFIX) and len(namespace) > len(NAMESPACE_PREFIX):
+        return namespace[len(NAMESPACE_PREFIX):]
+    return None
+
+
 def quantity(text: Any) -> Fraction | None:
     """The exact value of a Kubernetes quantity string, or None when it is not one."""
     if isinstance(text, bool) or not isinstance(text, (str, int)):
@@ -280,7 +296,7 @@ def _deletion_writes(teamspace: dict) -> list:
 def _problem(teamspace: dict, namespace: dict | None, quota: dict | None) -> tuple | None:
     """(reason, message) of what no write can fix, or None."""
     name = teamspace["metadata"]["name"]
-    ns_name = f"team-{name}"
+    ns_name = namespace_of(name)
     spec = teamspace.get("spec") or {}
     pods = spec.get("pods")
     if isinstance(pods, bool) or not isinstance(pods, int) or pods < 0:
@@ -429,7 +445,7 @@ def plan(teamspace: dict, namespace: dict | None, quota: dict | None, now: str) 
     if meta.get("deletionTimestamp"):
         return _deletion_writes(teamspace)
     name = meta["name"]
-    ns_name = f"team-{name}"
+    ns_name = namespace_of(name)
     # Our finalizer first and on every live TeamSpace, valid or not: its deletion must wait for
     # the archive record whatever else is wrong with it.
     writes = _finalizer_writes(teamspace)
