@@ -7,7 +7,8 @@ from __future__ import annotations
 from fractions import Fraction
 from pathlib import Path
 
-from cnpa_controller.plan import API_VERSION, quantity
+from cnpa_controller.plan import API_VERSION
+from cnpa_controller.quantity import quantity
 
 
 def teamspace(name: str, pods: int = 4, cpu: str | None = None, **metadata) -> dict:

@@ -40,6 +40,7 @@ from .controller import Controller
 from .kubeconfig import KubeconfigError
 from .once import PAUSE_SECONDS, UNTIL, run_pass, run_until
 from .plan import FINALIZER, utc_now
+from .turn import PassTurn
 
 # --until's bound when --max-passes is not given (the role's cnpa_controller_uninstall_passes).
 MAX_PASSES = 20
@@ -230,7 +231,7 @@ def one_pass(api, settings: Settings, *, plan_only: bool, out=None) -> int:
 
     turn = None
     if settings.election and not plan_only:
-        turn = leader.PassTurn(api, settings.lease)
+        turn = PassTurn(api, settings.lease)
     try:
         return run_pass(api, settings, now=utc_now(), say=say, turn=turn,
                         plan_only=plan_line if plan_only else None)

@@ -5,8 +5,8 @@ kind the plan reads, the plan of every TeamSpace, and its writes, the TeamSpaces
 (each one's writes in the plan's order, so its archive record is on disk before its finalizer
 goes). A pass over a converged cluster writes nothing.
 
-A pass that has something to write takes its turn on the controllers' Lease first (leader
-PassTurn), as every writer does, whichever mode runs where: while another process holds the
+A pass that has something to write takes its turn on the controllers' Lease first
+(turn.PassTurn), as every writer does, whichever mode runs where: while another process holds the
 Lease and renews it, the pass writes nothing (that process writes); where the Lease's namespace
 does not exist, no controller can hold it and the pass writes unfenced. A pass with nothing to
 write sends no request beyond its lists.
@@ -29,12 +29,13 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable
 
-from . import leader, plan
+from . import plan
 from .api import Api, ApiError
 from .cache import Caches
 from .config import EXIT_ARCHIVE, EXIT_FAILED, EXIT_OK, EXIT_UNREADABLE, PASS_SECONDS, Settings
 from .executor import Executor
 from .plan import FINALIZER
+from .turn import PassTurn
 
 # What run_until waits for: no TeamSpace holds our finalizer (RELEASED), or every TeamSpace that
 # is not being deleted holds it (FINALIZED).
@@ -68,7 +69,7 @@ def plans(caches: Caches, now: str) -> list[tuple[dict, list]]:
 
 
 def run_pass(api: Api, settings: Settings, *, now: str, say: Callable[[str, str], None],
-             turn: leader.PassTurn | None = None,
+             turn: PassTurn | None = None,
              plan_only: Callable[[str], None] | None = None) -> int:
     """One pass. turn: the Lease to take before writing (None: this is the only writer);
     plan_only: print each planned write (one JSON line) and write nothing."""
