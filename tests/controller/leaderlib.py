@@ -36,7 +36,6 @@ PYTHON = os.environ.get("CNPA_LEASE_PYTHON") or sys.executable
 def main(argv: list[str]) -> int:
     import logging
 
-    sys.path.insert(0, str(ROOT))
     from cnpa_controller.api import connect
     from cnpa_controller.leader import Elector
 

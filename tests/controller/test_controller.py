@@ -22,10 +22,10 @@ from ctllib import (
     restart_apiserver,
     wait_ready,
 )
-from fixtures import teamspace
 from hostlib import wait_for
 
 from cnpa_controller.events import EVENT_BURST, EVENT_REFILL_SECONDS
+from fixtures import teamspace
 
 
 def test_a_new_teamspace_gets_namespace_quota_finalizer_and_ready(host, controller):

@@ -23,10 +23,10 @@ import time
 
 import yaml
 from ctllib import get_or_none, quota_hard, wait_ready
-from fixtures import teamspace
 from hostlib import free_port, http_get, wait_for
 from promlib import ALERTS, Prometheus, dashboard, dashboard_targets, substitute
 
+from fixtures import teamspace
 from testhost import prometheus
 
 # The rules' own `for:` is minutes; here seconds, long enough that the takeover after a clean

@@ -11,9 +11,9 @@ import time
 
 import pytest
 from ctllib import FINALIZER, ControllerProcess, events, get_or_none, quota_hard, ready
-from fixtures import teamspace
 
 from cnpa_controller.events import EVENT_BURST, EVENT_REFILL_SECONDS
+from fixtures import teamspace
 
 
 @pytest.fixture(params=["--once", "reconcile.sh"])

@@ -16,13 +16,9 @@ suites (about 20 minutes) would not fit CI's time.
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
 from mhlib import host_names, three_hosts, write_inventory
 
 

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import io
 
-from fixtures import teamspace
-
 from cnpa_controller.config import Settings
 from cnpa_controller.controller import Controller
+from fixtures import teamspace
 
 
 class Follower:

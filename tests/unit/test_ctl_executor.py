@@ -11,9 +11,9 @@ import logging
 import os
 import time
 
-import fixtures
 import pytest
 
+import fixtures
 from cnpa_controller import ApiError, plan
 from cnpa_controller.archive import ArchiveStore, archive_configmap, mktemp
 from cnpa_controller.events import (

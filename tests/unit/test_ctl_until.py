@@ -10,9 +10,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-import fixtures
 import pytest
 
+import fixtures
 from cnpa_controller import ApiError
 from cnpa_controller.config import PASS_SECONDS, Settings
 from cnpa_controller.once import FINALIZED, PAUSE_SECONDS, RELEASED, run_until, waiting

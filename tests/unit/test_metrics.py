@@ -81,7 +81,6 @@ def test_a_follower_reconciles_nothing_and_counts_what_it_left_apart(tmp_path):
     from types import SimpleNamespace
 
     import fixtures
-
     from cnpa_controller.config import Settings
     from cnpa_controller.controller import Controller
 

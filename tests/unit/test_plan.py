@@ -3,15 +3,11 @@ intents, in the spec's nouns."""
 
 from __future__ import annotations
 
-import sys
 from fractions import Fraction
-from pathlib import Path
 
-import fixtures
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-
+import fixtures
 from cnpa_controller import plan as p
 
 NOW = "2026-12-03T00:00:00Z"

@@ -1,6 +1,8 @@
-"""What every tier of tests (and the benchmark) builds TeamSpaces with and judges their cpu by.
+"""What every tier of tests and the benchmark build TeamSpaces with and judge their cpu by: beside
+them both, so that neither imports from the other (dev.py's link_checkout makes it importable).
 
-The hosts themselves come from hostlib.session_host (one per test directory and worker)."""
+The tests' hosts themselves come from tests/hostlib.session_host (one per test directory and
+worker)."""
 
 from __future__ import annotations
 
