@@ -14,8 +14,6 @@ import time
 
 import pytest
 from ctllib import (
-    FINALIZER,
-    LABEL,
     events,
     get_or_none,
     quota_hard,
@@ -25,6 +23,7 @@ from ctllib import (
 from hostlib import wait_for
 
 from cnpa_controller.events import EVENT_BURST, EVENT_REFILL_SECONDS
+from cnpa_controller.plan import FINALIZER, LABEL
 from fixtures import teamspace
 
 

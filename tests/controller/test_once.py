@@ -10,9 +10,10 @@ import re
 import time
 
 import pytest
-from ctllib import FINALIZER, ControllerProcess, events, get_or_none, quota_hard, ready
+from ctllib import ControllerProcess, events, get_or_none, quota_hard, ready
 
 from cnpa_controller.events import EVENT_BURST, EVENT_REFILL_SECONDS
+from cnpa_controller.plan import FINALIZER
 from fixtures import teamspace
 
 
