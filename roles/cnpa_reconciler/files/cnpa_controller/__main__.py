@@ -243,8 +243,13 @@ def one_pass(api, settings: Settings, *, plan_only: bool, out=None) -> int:
 def passes_until(api, settings: Settings, until: str, max_passes: int) -> int:
     """--once --until: passes until the TeamSpaces are what `until` waits for (once.run_until),
     then what they are as one JSON line on stdout; each pass's write lines go to stderr."""
-    outcome = run_until(api, settings, until=until, max_passes=max_passes,
-                        one_pass=lambda: one_pass(api, settings, plan_only=False, out=sys.stderr))
+    try:
+        outcome = run_until(api, settings, until=until, max_passes=max_passes,
+                            one_pass=lambda: one_pass(api, settings, plan_only=False,
+                                                      out=sys.stderr))
+    except Exception:
+        log.exception("internal error; passes aborted:")
+        return EXIT_CONFIG
     if outcome is None:
         return EXIT_UNREADABLE
     print(json.dumps(outcome, separators=(",", ":"), ensure_ascii=False), flush=True)
