@@ -21,7 +21,7 @@ and exit 2, before anything is set up or run.
 
 Set-up: a virtualenv in .venv with requirements.lock (lab) or requirements-dev.lock (tests and
 linters), every package pinned with hashes; the `ansible` package bundles kubernetes.core, so no
-Ansible Galaxy is needed. Plus
+Ansible Galaxy is needed. The checkout itself is importable there (link_checkout). Plus
 the Debian packages the command uses (the test host installs its own: testhost/). It is re-done
 only when the requirements change. Needs root (the lab writes /root/cnpa-op; the test host needs
 debootstrap, systemd-nspawn). What each command leaves on the machine: README.md, "What the two
@@ -92,11 +92,29 @@ def _digest(files: list[str]) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
+# The controller package, as the role installs it (one directory holding cnpa_controller/), and
+# this checkout's own modules (testhost, fixtures, bench): what the tests and the benchmark import.
+IMPORTED = [ROOT / "roles/cnpa_reconciler/files", ROOT]
+
+
+def link_checkout(venv: Path = VENV) -> Path:
+    """Make this checkout importable in the virtualenv, as an editable install would: a .pth file
+    in its site-packages naming IMPORTED. (pip refuses an editable install together with
+    --require-hashes, and one without it would build the project with an unpinned setuptools.)"""
+    site = venv / f"lib/python{sys.version_info.major}.{sys.version_info.minor}/site-packages"
+    pth = site / "cnpa-op.pth"
+    text = "".join(f"{path}\n" for path in IMPORTED)
+    if not pth.exists() or pth.read_text() != text:
+        pth.write_text(text)
+    return pth
+
+
 def setup(requirements: str = "requirements-dev.lock", packages: list[str] = TEST_PACKAGES) -> None:
     apt_install(packages)
     stamp = VENV / ".requirements.sha256"
     installed = stamp.read_text().split() if stamp.exists() else []
     if _digest(REQUIREMENTS[requirements]) in installed:
+        link_checkout()
         return
     if not (BIN / "python").exists():
         say(f"creating virtualenv {VENV}")
@@ -114,6 +132,7 @@ def setup(requirements: str = "requirements-dev.lock", packages: list[str] = TES
     progress.wait(proc, step="pip install", say=say)
     if proc.returncode != 0:
         sys.exit("dev.py: pip install failed; see the output above")
+    link_checkout()
     covered = [name for name, files in REQUIREMENTS.items()
                if set(files) <= set(REQUIREMENTS[requirements])]
     stamp.write_text("\n".join(_digest(REQUIREMENTS[name]) for name in covered) + "\n")

@@ -14,12 +14,11 @@ import time
 import urllib.request
 from pathlib import Path
 
-from host import (
+from bench.host import (
     ARCHIVE_NAMESPACE,
     BEFORE_DIR,
     BENCH_DIR,
     HA_LEASE,
-    PERIOD,
     RESYNC_SECONDS,
     ROOT,
     WATCH_AGENT,
@@ -27,6 +26,7 @@ from host import (
     BenchHost,
     wait,
 )
+from bench.method import PERIOD
 
 
 class Loop:

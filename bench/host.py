@@ -9,25 +9,24 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import jinja2  # (ships with ansible-core, in requirements.txt)
+import kubernetes
+from kubernetes.client.rest import ApiException
+
+from bench.method import CLIENT_IN_FLIGHT, FLOOR_IN_FLIGHT
+from cnpa_controller import Api, ApiError
+from cnpa_controller.api import connect
+from cnpa_controller.config import Settings
+from cnpa_controller.plan import API_VERSION, GROUP, LABEL
+from fixtures import teamspace
+from testhost import instance as testhost
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests"))  # fixtures: the TeamSpaces every test builds
-
-import jinja2  # noqa: E402  (ships with ansible-core, in requirements.txt)
-import kubernetes  # noqa: E402
-from fixtures import teamspace  # noqa: E402
-from kubernetes.client.rest import ApiException  # noqa: E402
-
-from cnpa_controller import Api, ApiError  # noqa: E402
-from cnpa_controller.controller import Settings  # noqa: E402
-from cnpa_controller.plan import API_VERSION, GROUP, LABEL  # noqa: E402
-from testhost import instance as testhost  # noqa: E402
 
 VERSION, PLURAL = API_VERSION.split("/")[1], "teamspaces"
 WRITE_VERBS = {"create", "update", "patch", "delete", "deletecollection"}
@@ -36,10 +35,6 @@ HOST_KUBECONFIG = "/etc/rancher/k3s/k3s.yaml"
 ANSIBLE_PLAYBOOK = next((str(p) for p in [ROOT / ".venv/bin/ansible-playbook"] if p.exists()),
                         shutil.which("ansible-playbook") or "ansible-playbook")
 BENCH_DIR = "/root/cnpa-bench"  # inside the host: probe, naive script
-PERIOD = 3.0
-# Restore and ready polls: short against the event-driven targets (p50 0.1 s), a few dozen cheap
-# GETs per second against a 2-core server.
-POLL = 0.02
 TAGS = {"reconcile.sh": "r", "reconcile.sh-before": "b", "naive": "n", "kopf": "k", "watch": "w",
         "floor": "f", "watch-ha": "h"}  # TeamSpace name prefixes
 # --reconcile-before: an earlier reconcile.sh (with the files beside it) measured beside this one
@@ -47,26 +42,12 @@ TAGS = {"reconcile.sh": "r", "reconcile.sh-before": "b", "naive": "n", "kopf": "
 BEFORE_DIR = "/root/cnpa-before"
 PASS_SCRIPTS = ("reconcile.sh", "reconcile.sh-before")
 EVENT_DRIVEN = ("kopf", "watch")  # processes on this machine: no passes, an idle window instead
-IDLE_WINDOW = 20.0  # s; far shorter than the watch controller's resync (300 s): "between resyncs"
-# Idle means the cluster too: after N new namespaces the controller-manager's service-account,
-# root-CA and quota controllers write into each at 20 requests/s apiece (about 250 s at N = 5,000),
-# and every quota status write is an event the controllers under test receive. The idle window
-# starts once nobody but Lease holders has written for QUIET_FOR seconds (at most QUIET_BOUND).
-QUIET_FOR, QUIET_BOUND = 10.0, 900.0
 RESYNC_SECONDS = Settings.resync_seconds  # the watch controller's default, as installed
-# From this N on, every row starts on a new test host instead of deleting the previous row's
-# namespaces: the namespace controller takes tens of minutes for 5,000, and what it has not
-# finished would load the next row.
-FRESH_HOST_FROM = 1000
 WATCH_AGENT = "cnpa-controller/"  # its user agent (cnpa-controller/IDENTITY), as the audit shows
 HA_LEASE = "cnpa-op-bench"
 # The watch controller keeps every archive record in the cluster too, as the role installs it
 # (cnpa_controller_archive_configmaps); the floor's deletions write the same ConfigMaps.
 ARCHIVE_NAMESPACE = "cnpa-bench-archive"
-# The naive baseline takes minutes per pass at N = 200 (hours to converge 1,000). The 3 s loop fits
-# up to about 1,000: at 5,000 its idle pass alone (3.5 s, bench/NOTES.md) is longer than its sleep.
-MAX_N = {"naive": 200, "reconcile.sh": 1000, "reconcile.sh-before": 1000}
-FLOOR_IN_FLIGHT = 32  # see run_floor
 # The control plane's processes inside the host, whose CPU time over a converge says what bounds it.
 SERVER_UNITS = ("kube-apiserver", "etcd", "kine", "kube-controller-manager")
 
@@ -166,7 +147,8 @@ class BenchHost:
         cfg.connection_pool_maxsize = FLOOR_IN_FLIGHT + 8
         api = kubernetes.client.ApiClient(cfg)
         self.core = kubernetes.client.CoreV1Api(api)
-        self.api = Api(api, timeout=30)  # plain-dict requests (the watch controller's client)
+        # Plain-dict requests on the controllers' own transport.
+        self.api = connect(str(self.inst.kubeconfig), timeout=30, pool=FLOOR_IN_FLIGHT + 8)
         self.custom = kubernetes.client.CustomObjectsApi(api)
         # A TeamSpace list right after the API server's restart and the CRD's creation can get
         # 429 "storage is (re)initializing" (seen on a quiet machine): wait until one answers.
@@ -329,7 +311,7 @@ class BenchHost:
     def create_teamspaces(self, prefix: str, n: int) -> None:
         def one(i: int) -> None:
             self.api.request("POST", f"/apis/{GROUP}/{VERSION}/{PLURAL}", body=new_teamspace(prefix, i))
-        with ThreadPoolExecutor(8) as pool:
+        with ThreadPoolExecutor(CLIENT_IN_FLIGHT) as pool:
             list(pool.map(one, range(n)))
 
     def cleanup(self, prefix: str) -> None:

@@ -9,14 +9,9 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from host import (
+from bench.host import (
     GROUP,
-    IDLE_WINDOW,
-    PERIOD,
     PLURAL,
-    POLL,
-    QUIET_BOUND,
-    QUIET_FOR,
     VERSION,
     WRITE_VERBS,
     ApiException,
@@ -25,6 +20,7 @@ from host import (
     new_teamspace,
     wait,
 )
+from bench.method import CLIENT_IN_FLIGHT, IDLE_WINDOW, PERIOD, POLL, QUIET_BOUND, QUIET_FOR
 
 
 def usage(pid: int) -> tuple[float, float]:
@@ -108,7 +104,7 @@ def delete_all(host: BenchHost, ctl: str, prefix: str, n: int, send=None) -> dic
         host.api.request("DELETE", f"/apis/{GROUP}/{VERSION}/{PLURAL}/{prefix}{i:03d}")
 
     if send is None:
-        with ThreadPoolExecutor(8) as pool:
+        with ThreadPoolExecutor(CLIENT_IN_FLIGHT) as pool:
             list(pool.map(one, range(n)))
     else:
         send(prefix, n)

@@ -1,11 +1,28 @@
-"""docs/benchmark.md (table, targets, command) and docs/benchmark.png from bench/run.py's results."""
+"""docs/benchmark.md (table, targets, command) and docs/benchmark.png from bench/run.py's results.
+
+Every figure the page states is either a result (bench/results.json), a setting of the program
+(cnpa_controller.config) or of the method (bench.method), formatted from there: the page cannot
+state a default or a method the code no longer has. What a row ran with is the row's own."""
 
 from __future__ import annotations
 
 import sys
 from pathlib import Path
 
-RESYNC = 300.0  # s, the watch controller's default resync period (bench/run.py's RESYNC_SECONDS)
+from bench.method import (
+    CLIENT_IN_FLIGHT,
+    FLOOR_IN_FLIGHT,
+    FRESH_HOST_FROM,
+    IDLE_WINDOW,
+    LEGACY_HA_TIMINGS,
+    MAX_N,
+    PERIOD,
+    POLL,
+    QUIET_FOR,
+)
+from cnpa_controller.config import LEASE_SECONDS, RENEW_SECONDS, RETRY_SECONDS, Settings
+
+RESYNC = Settings.resync_seconds  # the watch controller's default resync period
 CTLS = ("reconcile.sh", "reconcile.sh-before", "naive", "kopf", "watch", "floor")
 OURS = ("reconcile.sh",)  # the 3 s loop: the controller the ratios and its targets are about
 COLORS = {"reconcile.sh": "tab:blue", "reconcile.sh-before": "tab:cyan", "naive": "tab:red",
@@ -270,7 +287,7 @@ def ha_table(results: dict) -> list[str]:
             continue
         lat = ", ".join(f"{x:.1f}" for x in r["leader_lost_s"])
         tk = "; ".join(f"{t['killed']} → {t['new_leader']}" for t in r["takeovers"])
-        t = r.get("timings") or {"lease_s": 15, "renew_s": 10, "retry_s": 2}
+        t = r.get("timings") or LEGACY_HA_TIMINGS
         out.append(f"| {r['n']} | {r['candidates']} | {t['lease_s']:g} / {t['renew_s']:g} / "
                    f"{t['retry_s']:g} | {lat} | {tk} | {load(r)} |")
     return out
@@ -327,10 +344,10 @@ def watch_targets(results: dict) -> list[str]:
         x = big["converge_s"] / kp["converge_s"]
         out.append(f"- ... and no slower than kopf: {'met' if x <= 1 else f'MISSED by {x - 1:.0%}'} "
                    f"(kopf {kp['converge_s']:.1f} s: {x:.2f}x kopf's time).")
-    by_timings: dict = {}  # one verdict per set of Lease timings (the unit's defaults: 15 / 10 / 2)
+    by_timings: dict = {}  # one verdict per set of Lease timings
     for r in results["runs"]:
         if r["controller"] == "watch-ha" and r.get("leader_lost_s"):
-            t = r.get("timings") or {"lease_s": 15, "renew_s": 10, "retry_s": 2}
+            t = r.get("timings") or LEGACY_HA_TIMINGS
             by_timings.setdefault((t["lease_s"], t["renew_s"], t["retry_s"]), []).extend(r["leader_lost_s"])
     for (lease, renew, retry), ha in sorted(by_timings.items(), reverse=True):
         worst = max(ha)
@@ -552,8 +569,8 @@ def write_report(results: dict, docs: Path, command: str) -> None:
         "that runs the test hosts:",
         "",
         "```sh",
-        "python3 -m venv bench-venv && echo \"$PWD/.venv/lib/python3.11/site-packages\" \\",
-        "  > bench-venv/lib/python3.11/site-packages/main-venv.pth    # the project's .venv, plus:",
+        "python3 -m venv bench-venv && echo \"import site; site.addsitedir('$PWD/.venv/lib/python3.11/\\",
+        "site-packages')\" > bench-venv/lib/python3.11/site-packages/main-venv.pth  # the project's .venv",
         "bench-venv/bin/pip install kopf==1.45.2 matplotlib==3.11.2   # requirements-bench.txt's two",
         "sudo bench-venv/bin/python bench/run.py   # all sizes and peers: hours; see --help",
         "```",
@@ -570,33 +587,44 @@ def write_report(results: dict, docs: Path, command: str) -> None:
         "",
         "- **reconcile.sh**: the project's controller: a lock and a deadline around one pass of the",
         "  package (`python3 -m cnpa_controller --once`: 3 lists, one plan per TeamSpace, writes only",
-        "  what differs, 32 TeamSpaces' writes at a time). Rows before 2026-12-06 measured the",
+        f"  what differs, {Settings.workers} TeamSpaces' writes at a time). Rows before 2026-12-06 "
+        "measured the",
         "  earlier script, bash and jq driving kubectl (writes of one kind in one List, up to 4",
         "  kubectl processes for a large one); `reconcile.sh-before` is such a script, measured beside",
         "  the current one in the same run;",
         "- **naive**: `bench/naive_reconcile.sh`, written for the benchmark: gets and applies each",
-        "  object separately (one kubectl per object) every pass, in the same unit (loop, sleep 3);",
+        f"  object separately (one kubectl per object) every pass, in the same unit (loop, sleep "
+        f"{PERIOD:g});",
         "- **kopf**: `bench/kopf_peer.py`, an event-driven peer built with kopf (watches, no polling),",
         "  run on the machine against the host's API server;",
         "- **watch**: `python3 -m cnpa_controller` (watch-fed caches, a work queue, the same",
         "  plan as reconcile.sh), run like kopf on the machine against the host's API server, with",
-        "  leader election on (one candidate) and the controller's own defaults (resync 300 s,",
-        "  32 workers since 2026-12-05, 4 before; the unit's are the same); its requests are told",
+        "  leader election on (one candidate) and the controller's own defaults (resync "
+        f"{RESYNC:g} s,",
+        f"  {Settings.workers} workers since 2026-12-05, 4 before; the unit's are the same); its "
+        "requests are told",
         "  apart in the audit log by its user agent",
         "  `cnpa-controller/IDENTITY`;",
         "- **floor** (not a controller): the same TeamSpace creates, and for each the writes",
         "  `plan()` gives for it as created (finalizer, namespace, quota, status), sent as",
         "  the watch controller's executor sends them by one client as soon as each TeamSpace exists:",
-        "  no list, watch, cache or decision, 32 TeamSpaces in flight (`FLOOR_IN_FLIGHT`). No",
+        f"  no list, watch, cache or decision, {FLOOR_IN_FLIGHT} TeamSpaces in flight "
+        "(`FLOOR_IN_FLIGHT`). No",
         "  controller can converge faster on this host; what bounds it is in the server table below.",
-        "- **watch-ha**: three watch controllers (distinct `CNPA_LEASE_IDENTITY`, one Lease, default",
-        "  timings: lease 15 s, renew 10 s, retry 2 s); the leader is SIGKILLed and one TeamSpace's",
+        "- **watch-ha**: three watch controllers (distinct `CNPA_LEASE_IDENTITY`, one Lease, with",
+        "  the Lease timings each row names in \"Leader lost\": by default the program's, lease "
+        f"{LEASE_SECONDS} s,",
+        f"  renew {RENEW_SECONDS} s, retry {RETRY_SECONDS} s; rows without recorded timings ran "
+        + " / ".join(f"{t:g}" for t in LEGACY_HA_TIMINGS.values()) + " s);",
+        "  the leader is SIGKILLed and one TeamSpace's",
         "  spec changed right after; the time until that change is reconciled (quota and status).",
         "  The killed process is started again as a candidate before the next trial.",
         "",
-        "Sizes run per controller: naive up to N = 200 (one pass takes minutes there), the 3 s loop",
-        "up to N = 1,000: at 5,000 its idle pass alone (3.5 s, see Analysis) is longer than",
-        "its 3 s sleep, so it no longer is a 3 s loop.",
+        f"Sizes run per controller: naive up to N = {MAX_N['naive']:,} (one pass takes minutes "
+        "there), the 3 s loop",
+        f"up to N = {MAX_N['reconcile.sh']:,}: at 5,000 its idle pass alone (3.5 s, see Analysis) "
+        "is longer than",
+        f"its {PERIOD:g} s sleep, so it no longer is a 3 s loop.",
         "",
         f"Started {results.get('started', '?')}; restore trials per run: up to {results['trials']}"
         " (the naive baseline: as many as fit in 200 s). Machine: 2 cores shared with other test",
@@ -606,7 +634,8 @@ def write_report(results: dict, docs: Path, command: str) -> None:
         "",
         "## Definitions",
         "",
-        "- **converge**: from the first create request of N TeamSpaces (8 in parallel) to every one",
+        f"- **converge**: from the first create request of N TeamSpaces ({CLIENT_IN_FLIGHT} in "
+        "parallel) to every one",
         "  having its namespace (ownerReference to it), its quota (pods as in the spec) and",
         "  `status.observedGeneration == metadata.generation`, with the service running (polled every",
         "  0.2 s).",
@@ -617,22 +646,25 @@ def write_report(results: dict, docs: Path, command: str) -> None:
         "- **CPU / peak RSS**: CPU time (user + system) of every process of the pass (bash, kubectl,",
         "  jq) and the peak resident memory of its largest single process (getrusage of the children).",
         "- **restore**: delete `team-quota` of a random TeamSpace at a random moment of the loop, time",
-        "  until a quota with a new uid exists (polled every 0.02 s in the rows with a load average, "
-        "0.05 s in the older ones).",
+        f"  until a quota with a new uid exists (polled every {POLL:g} s in the rows with a load "
+        "average, 0.05 s in the older ones).",
         "- **new → ready**: create one more TeamSpace at a random moment of the loop, time until its",
-        "  status is written for its generation (polled every 0.02 s; the status is the last write of",
+        f"  status is written for its generation (polled every {POLL:g} s; the status is the last "
+        "write of",
         "  a TeamSpace's pass, after its namespace and quota). Not run for naive.",
         "- **idle CPU % of a core**: the loop: a pass's CPU over (pass wall + 3 s sleep); kopf and",
-        "  watch: their process's CPU (from /proc) over an idle window (20 s in the rows with a load "
-        "average, 3 s",
+        f"  watch: their process's CPU (from /proc) over an idle window ({IDLE_WINDOW:g} s in the "
+        "rows with a load average, 3 s",
         "  in the older ones), whose requests the idle columns show by verb and resource. "
         "Since 2026-12-05 the",
-        "  window starts once nobody but Lease holders has written for 10 s: after N new namespaces",
+        f"  window starts once nobody but Lease holders has written for {QUIET_FOR:g} s: after N "
+        "new namespaces",
         "  the controller-manager's service-account, root-CA and quota controllers write into each",
         "  at 20 requests/s apiece (minutes at N = 5,000), and each quota status write is an event",
         "  both peers receive. For the watch controller the window holds no resync; from N = 1,000",
         "  a second window of the same length around a resync gives its cost.",
-        "- **rows from N = 1,000 on** start on a new test host since 2026-12-05 (before: on the one",
+        f"- **rows from N = {FRESH_HOST_FROM:,} on** start on a new test host since 2026-12-05 "
+        "(before: on the one",
         "  host, after the previous row's namespaces were deleted).",
         "- **work pass**: the service stopped, every TeamSpace's `spec.pods` changed, one pass by hand.",
         "",
@@ -655,11 +687,13 @@ def write_report(results: dict, docs: Path, command: str) -> None:
         *before_after_section(results),
         "## Mass deletion",
         "",
-        "Last in each row, with the controller running: every one of its N TeamSpaces deleted (8",
+        f"Last in each row, with the controller running: every one of its N TeamSpaces deleted "
+        f"({CLIENT_IN_FLIGHT}",
         "requests in parallel), timed until none is left, each archived (the watch controller and",
         "the floor: on disk and as a ConfigMap) and its finalizer released. The floor sends, for",
         "each deletion as soon as it is answered, the writes the plan gives for it, through the",
-        "watch controller's executor (32 in flight). Both start with an empty archive directory",
+        f"watch controller's executor ({FLOOR_IN_FLIGHT} in flight). Both start with an empty "
+        "archive directory",
         "(since aff07eb; before, the watch controller's kept earlier runs' records, so each of its",
         "deletions also kept the earlier record of its name), and the executor lists the directory",
         "once, not before each record (since 304c28e).",

@@ -55,18 +55,12 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # host, controllers, measure, report
-
-import controllers
-import measure
-from host import (
+from bench import controllers, measure
+from bench.host import (
     ARCHIVE_NAMESPACE,
     EVENT_DRIVEN,
-    FLOOR_IN_FLIGHT,
-    FRESH_HOST_FROM,
     GROUP,
     HA_LEASE,
-    MAX_N,
     PASS_SCRIPTS,
     PLURAL,
     ROOT,
@@ -79,7 +73,7 @@ from host import (
     testhost,
     wait,
 )
-
+from bench.method import FLOOR_IN_FLIGHT, FRESH_HOST_FROM, HA_TIMINGS, MAX_N
 from cnpa_controller import ApiError
 from cnpa_controller.executor import Executor, request_of, written_key
 from cnpa_controller.plan import plan
@@ -329,7 +323,7 @@ class Bench:
                     peer.stop()
             if not self.args.keep and self.host is not None:
                 testhost.destroy(self.args.instance)
-        from report import write_report  # bench/report.py
+        from bench.report import write_report
 
         write_report(self.results, ROOT / "docs", " ".join(self.args.argv))
 
@@ -352,8 +346,9 @@ def main(argv: list[str] | None = None) -> int:
                              "measured as controller reconcile.sh-before beside this one")
     parser.add_argument("--merge", action="store_true",
                         help="keep bench/results.json's runs of the other controllers and sizes")
-    parser.add_argument("--ha-timings", default="15,10,2",
-                        help="watch-ha: CNPA_LEASE_SECONDS,CNPA_RENEW_SECONDS,CNPA_LEASE_RETRY_SECONDS")
+    parser.add_argument("--ha-timings", default=",".join(f"{t:g}" for t in HA_TIMINGS.values()),
+                        help="watch-ha: CNPA_LEASE_SECONDS,CNPA_RENEW_SECONDS,CNPA_LEASE_RETRY_SECONDS "
+                             "(default: the program's)")
     parser.add_argument("--datastores", default="etcd",
                         help="where the host's API server stores, each in turn: etcd (k3s HA's; every "
                              "row before 2026-12-05) and/or kine (SQLite, a single k3s server's)")
@@ -366,9 +361,8 @@ def main(argv: list[str] | None = None) -> int:
     if not set(args.datastores) <= set(testhost.DATASTORES):
         parser.error(f"--datastores: each of {', '.join(testhost.DATASTORES)}")
     args.datastore = args.datastores[0]
-    sys.path.insert(0, str(ROOT / "bench"))
     if args.report_only:
-        from report import write_report
+        from bench.report import write_report
 
         results = json.loads((ROOT / "bench/results.json").read_text())
         write_report(results, ROOT / "docs", results.get("command", ""))

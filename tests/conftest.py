@@ -1,13 +1,10 @@
-"""Make the repository (testhost) and tests/ (hostlib) importable from every test directory; under
-pytest-xdist, keep the tests that share a throwaway host in one worker."""
+"""Under pytest-xdist, keep the tests that share a throwaway host in one worker.
 
-import sys
-from pathlib import Path
-
-TESTS = Path(__file__).resolve().parent
-for path in (TESTS.parent, TESTS):
-    if str(path) not in sys.path:
-        sys.path.insert(0, str(path))
+What the tests import: cnpa_controller, testhost and fixtures from the virtualenv that `python3
+dev.py setup` makes (its cnpa-op.pth names the package's directory and the repository root, as
+an editable install would); hostlib and promlib from tests/, and each directory's own helpers
+(ctllib, faultlib, mhlib) from that directory, which pytest puts on the path beside the
+conftest.py it finds there."""
 
 # `dev.py test` runs pytest-xdist workers (-n, CNPA_TEST_WORKERS; --dist loadscope). The host tests
 # mostly wait on their hosts (Ansible runs, API server restarts, timed faults), so two of them side

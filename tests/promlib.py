@@ -143,7 +143,8 @@ def exported() -> dict[str, set[str]]:
     from types import SimpleNamespace
 
     from cnpa_controller.api import ApiError
-    from cnpa_controller.controller import Controller, Settings
+    from cnpa_controller.config import Settings
+    from cnpa_controller.controller import Controller
     from cnpa_controller.metrics import KNOWN, Metrics
 
     metrics = Metrics()

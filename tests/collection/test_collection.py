@@ -32,8 +32,9 @@ from types import SimpleNamespace
 
 import pytest
 import yaml
-from fixtures import teamspace
 from hostlib import Host, recap, session_host, wait_for
+
+from fixtures import teamspace
 
 ROOT = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent

@@ -11,13 +11,9 @@ so that whatever these tests see it do was brought by its watches.
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
 from ctllib import ControllerProcess, install_crd
 from hostlib import Host, session_host
 

@@ -19,8 +19,6 @@ from hostlib import Host, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 CRD_TEMPLATE = ROOT / "roles/cnpa_crd/templates/crd.yaml.j2"
-FINALIZER = "platform.labhub.io/cleanup"
-LABEL = "platform.labhub.io/teamspace"
 
 
 def install_crd(host: Host) -> None:

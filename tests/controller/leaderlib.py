@@ -9,7 +9,7 @@ CLOCK_MONOTONIC, which all processes of the machine share, so the samples of sev
 are on one time line. SIGTERM is a clean shutdown: stop, release(), {"released": true}, exit 0.
 
 CNPA_LEASE_PYTHON names the interpreter of the candidates (default: the test's own), to run them
-with another version of the kubernetes client. Imported, it gives the test the Candidate handle
+with another Python. Imported, it gives the test the Candidate handle
 and the checks on those records.
 """
 
@@ -27,7 +27,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 LEASE_SECONDS, RENEW_SECONDS, RETRY_SECONDS = 4, 3, 0.5
 SAMPLE = 0.05
-# Another interpreter for the candidates, e.g. one with an older kubernetes client (>= 24.2.0).
+# Another interpreter for the candidates (the package runs on Python 3.9 and later).
 PYTHON = os.environ.get("CNPA_LEASE_PYTHON") or sys.executable
 
 
@@ -36,10 +36,7 @@ PYTHON = os.environ.get("CNPA_LEASE_PYTHON") or sys.executable
 def main(argv: list[str]) -> int:
     import logging
 
-    sys.path.insert(0, str(ROOT))
-    from kubernetes import config
-
-    from cnpa_controller import Api
+    from cnpa_controller.api import connect
     from cnpa_controller.leader import Elector
 
     kubeconfig, namespace, lease, identity, out_path = argv[:5]
@@ -54,7 +51,7 @@ def main(argv: list[str]) -> int:
             with lock:
                 out.write(json.dumps({"t": time.monotonic(), **fields}) + "\n")
 
-        api = Api(config.new_client_from_config(config_file=kubeconfig))
+        api = connect(kubeconfig)
         elector = Elector(api, namespace, lease, identity, lease_seconds=lease_s,
                           renew_seconds=renew_s, retry_seconds=retry_s,
                           on_change=lambda leading: record(change=leading))

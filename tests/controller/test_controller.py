@@ -14,18 +14,17 @@ import time
 
 import pytest
 from ctllib import (
-    FINALIZER,
-    LABEL,
     events,
     get_or_none,
     quota_hard,
     restart_apiserver,
     wait_ready,
 )
-from fixtures import teamspace
 from hostlib import wait_for
 
-from cnpa_controller.executor import EVENT_BURST, EVENT_REFILL_SECONDS
+from cnpa_controller.events import EVENT_BURST, EVENT_REFILL_SECONDS
+from cnpa_controller.plan import FINALIZER, LABEL
+from fixtures import teamspace
 
 
 def test_a_new_teamspace_gets_namespace_quota_finalizer_and_ready(host, controller):
@@ -390,15 +389,15 @@ def test_a_list_whose_continue_token_expired_is_made_again_in_one_piece(host, ca
     answers 410, and the informer lists again in one piece, missing nothing. On etcd any
     compaction past the token does it; kine keeps its newest 1000 revisions through a
     compaction, so there it takes more than 1000 writes as well (both run here: conftest)."""
-    from cnpa_controller import Api, ApiError
-    from cnpa_controller.__main__ import api_client
+    from cnpa_controller import ApiError
+    from cnpa_controller.api import connect
     from cnpa_controller.cache import Informer
 
     ns = f"ctl-continue-{int(time.time()) % 100000}"
     host.kubectl("create", "namespace", ns)
     for i in range(5):
         host.kubectl("create", "configmap", f"cm-{i}", "-n", ns)
-    api = Api(api_client(str(host.inst.kubeconfig), 4))
+    api = connect(str(host.inst.kubeconfig))
     path = f"/api/v1/namespaces/{ns}/configmaps"
     pages: list = []
 

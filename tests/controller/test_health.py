@@ -11,10 +11,11 @@ import os
 import time
 
 from ctllib import get_or_none, wait_ready
-from fixtures import teamspace
 from hostlib import free_port, wait_for
 from hostlib import http_get as get
 from prometheus_client.parser import text_string_to_metric_families
+
+from fixtures import teamspace
 
 
 def scrape(port: int) -> dict[tuple[str, frozenset], float]:

@@ -167,9 +167,7 @@ def test_clean_shutdown_releases_the_lease(lease_host, lease_name, candidates):
 
 
 def test_transition_event_is_recorded_on_the_lease(lease_host, lease_name):
-    from kubernetes import config
-
-    from cnpa_controller import Api
+    from cnpa_controller.api import connect
     from cnpa_controller.leader import lease_event
 
     # a new Lease (new uid) each run, so that Events of an earlier run do not count
@@ -177,7 +175,7 @@ def test_transition_event_is_recorded_on_the_lease(lease_host, lease_name):
     lease_host.apply({"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
                       "metadata": {"name": lease_name, "namespace": NAMESPACE}, "spec": {}})
     uid = lease_host.get("lease", lease_name, "-n", NAMESPACE)["metadata"]["uid"]
-    api = Api(config.new_client_from_config(config_file=str(lease_host.inst.kubeconfig)))
+    api = connect(str(lease_host.inst.kubeconfig))
     assert lease_event(api, NAMESPACE, lease_name, "cand-x", True, uid=uid)
     assert lease_event(api, NAMESPACE, lease_name, "cand-x", False, uid=uid)
     events = json.loads(lease_host.kubectl(

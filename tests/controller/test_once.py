@@ -5,14 +5,16 @@ statuses."""
 
 from __future__ import annotations
 
+import json
 import re
 import time
 
 import pytest
-from ctllib import FINALIZER, ControllerProcess, events, get_or_none, quota_hard, ready
-from fixtures import teamspace
+from ctllib import ControllerProcess, events, get_or_none, quota_hard, ready
 
-from cnpa_controller.executor import EVENT_BURST, EVENT_REFILL_SECONDS
+from cnpa_controller.events import EVENT_BURST, EVENT_REFILL_SECONDS
+from cnpa_controller.plan import FINALIZER
+from fixtures import teamspace
 
 
 @pytest.fixture(params=["--once", "reconcile.sh"])
@@ -127,3 +129,43 @@ def test_a_lasting_problem_counts_on_one_event_pass_after_pass(host, tmp_path):
             break
         c.once()
     assert get_or_none(host, "teamspace", "once-lasting") is None
+
+
+def test_passes_until_finalized_then_released_say_what_the_uninstall_reads(host, tmp_path):
+    """The uninstall's two waits, as one process each: every TeamSpace gets the finalizer, then,
+    once they are deleted, every one is archived and released; one JSON line says what they
+    are (a finalizer of somebody else's stays, and the line says so)."""
+    c = ControllerProcess(host, tmp_path / "until")
+    empty_cluster(host, c)
+    names = ["until-a", "until-b", "until-held"]
+    host.apply(teamspace("until-a", pods=1))
+    host.apply(teamspace("until-b", pods=1))
+    host.apply(teamspace("until-held", pods=1, finalizers=["example.com/hold"]))
+    own = c.once("--once", "--until", "finalized", "--max-passes", "5")
+    assert own.returncode == 0, own.stderr
+    [line] = own.stdout.splitlines()
+    out = json.loads(line)
+    assert (out["left"], out["last_exit"]) == ([], 0) and 1 <= out["passes"] <= 5, out
+    uids = {n: host.get("teamspace", n)["metadata"]["uid"] for n in names}
+    assert out["teamspaces"] == [
+        {"name": "until-a", "uid": uids["until-a"], "deleting": False, "finalizers": [FINALIZER]},
+        {"name": "until-b", "uid": uids["until-b"], "deleting": False, "finalizers": [FINALIZER]},
+        {"name": "until-held", "uid": uids["until-held"], "deleting": False,
+         "finalizers": ["example.com/hold", FINALIZER]}]
+    # The passes' write lines went to stderr, as the bash driver sent reconcile.sh's stdout.
+    assert "teamspace until-a: finalizer added" in own.stderr.splitlines()
+
+    for n in names:
+        host.kubectl("delete", "teamspace", n, "--wait=false")
+    released = c.once("--once", "--until", "released", "--max-passes", "5")
+    assert released.returncode == 0, released.stderr
+    [line] = released.stdout.splitlines()
+    out = json.loads(line)
+    assert out["left"] == [] and out["last_exit"] == 0, out
+    assert out["teamspaces"] == [{"name": "until-held", "uid": uids["until-held"], "deleting": True,
+                                  "finalizers": ["example.com/hold"]}]
+    for n in names:
+        assert json.loads((c.archive / f"{n}.json").read_text())["uid"] == uids[n]
+        assert f"teamspace {n}: finalizer released" in released.stderr.splitlines()
+    host.kubectl("patch", "teamspace", "until-held", "--type=merge",
+                 "-p", '{"metadata":{"finalizers":null}}')

@@ -10,8 +10,9 @@ import subprocess
 import time
 from contextlib import contextmanager
 
-from fixtures import cpu, teamspace
 from hostlib import ROOT, Host, wait_for
+
+from fixtures import cpu, teamspace
 
 GROUP = "platform.labhub.io"
 TS = f"teamspaces.{GROUP}"

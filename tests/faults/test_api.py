@@ -6,6 +6,7 @@ import json
 
 import pytest
 from faultlib import GROUP, TS, crd_without_bounds, wait_for
+
 from fixtures import teamspace
 
 VERSION = f"{GROUP}/v1alpha1"

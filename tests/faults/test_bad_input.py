@@ -8,6 +8,7 @@ import time
 
 import pytest
 from faultlib import TS, crd_without_bounds, wait_for
+
 from fixtures import teamspace
 
 

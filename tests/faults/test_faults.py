@@ -10,6 +10,7 @@ import random
 import time
 
 from faultlib import ARCHIVE, FIN, LABEL, TS, wait_for
+
 from fixtures import teamspace
 
 SCRIPT = "/root/cnpa-op/reconcile.sh"

@@ -11,8 +11,9 @@ from contextlib import contextmanager
 
 import yaml
 from faultlib import FIN, GROUP, LABEL, SA_KUBECONFIG, SA_USER, TS, wait_for
-from fixtures import teamspace
 from hostlib import ROOT
+
+from fixtures import teamspace
 
 TOKEN_FILE = "/etc/cnpa-op/token"
 ADMIN_KUBECONFIG = "/etc/rancher/k3s/k3s.yaml"

@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 from faultlib import ARCHIVE, FIN, LABEL, TS, crd_without_bounds, wait_for
+
 from fixtures import cpu, teamspace
 
 SCRIPT = "/root/cnpa-op/reconcile.sh"

@@ -14,9 +14,10 @@ import os
 import subprocess
 from dataclasses import dataclass
 
-import fixtures
 import pytest
 from hostlib import ROOT, wait_for
+
+import fixtures
 
 GROUP = "platform.labhub.io"
 TS = f"teamspaces.{GROUP}"

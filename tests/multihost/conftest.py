@@ -22,14 +22,10 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 import time
 from pathlib import Path
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
 from hostlib import wait_for
 from mhlib import Cluster, host_names, install, report, rfc3339, three_hosts, unit, write_inventory
 

@@ -4,12 +4,11 @@ met or MISSED by how much, from the same figures the tables show."""
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+from bench import report
 
-import report
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def watch_run(n, *, converge=10.0, restore=(0.05, 0.06, 0.08), ready=(0.07, 0.08, 0.09),
@@ -108,7 +107,7 @@ def test_rows_measured_under_load_are_flagged_at_the_top():
 
 
 def test_the_hand_written_load_note_is_shown_for_exactly_the_rows_it_describes():
-    committed = json.loads((Path(__file__).resolve().parents[2] / "bench/results.json").read_text())
+    committed = json.loads((ROOT / "bench/results.json").read_text())
     line = report.load_line(committed)[0]
     assert report.LOAD_NOTE in line and "2026-12-04" not in line.split("**")[1]
     busy = next(r for r in committed["runs"] if (r.get("load") or {}).get("before", [0])[0] >= 2)
@@ -128,3 +127,30 @@ def test_rows_of_each_datastore_are_kept_apart_and_compared():
     assert row.split(" | ")[2:4] == ["11.0", "13.0"]  # etcd, kine (sorted)
     assert "1.3x" in line(report.watch_ratios(res, "kine"), "| 1000 |")
     assert report.datastore_table(results(etcd)) == []
+
+
+def _page(tmp_path) -> str:
+    committed = json.loads((ROOT / "bench/results.json").read_text())
+    report.write_report(committed, tmp_path, committed.get("command", ""))
+    return (tmp_path / "benchmark.md").read_text()
+
+
+def test_the_committed_page_is_what_the_committed_results_give(tmp_path):
+    """docs/benchmark.md is generated: `bench/run.py --report-only` rewrites it from
+    bench/results.json, the code's settings and bench/NOTES.md, and nothing else may change it."""
+    assert _page(tmp_path) == (ROOT / "docs/benchmark.md").read_text(), \
+        "run `.venv/bin/python bench/run.py --report-only` and commit docs/benchmark.md"
+
+
+def test_the_page_states_the_program_s_and_the_method_s_figures_as_the_code_has_them(tmp_path):
+    from bench import method
+    from cnpa_controller.config import LEASE_SECONDS, RENEW_SECONDS, RETRY_SECONDS, Settings
+
+    page = _page(tmp_path)
+    assert (f"by default the program's, lease {LEASE_SECONDS} s,\n  renew {RENEW_SECONDS} s, "
+            f"retry {RETRY_SECONDS} s") in page
+    assert f"(resync {Settings.resync_seconds:g} s,\n  {Settings.workers} workers" in page
+    assert f"{method.FLOOR_IN_FLIGHT} TeamSpaces in flight" in page
+    assert f"naive up to N = {method.MAX_N['naive']:,}" in page
+    # What the page said while the program's Lease was 10 / 7 s.
+    assert "default\n  timings: lease 15 s" not in page

@@ -49,12 +49,6 @@ KNOWN = {
         "the version is the collection's (MANIFEST.json in the tarball)",
     ("roles/cnpa_reconciler/files/cnpa_controller/__main__.py", "docs/architecture.md"):
         "the --help text quoted there",
-    ("roles/cnpa_reconciler/files/cnpa_controller/api.py", "docs/benchmark.md"): "figures",
-    ("roles/cnpa_reconciler/files/cnpa_controller/executor.py", "docs/benchmark.md"): "figures",
-    ("roles/cnpa_reconciler/files/cnpa_controller/leader.py", "docs/benchmark.md"): "figures",
-    ("roles/cnpa_reconciler/files/cnpa_controller/controller.py", "lab.md"): "the lab's layout",
-    ("roles/cnpa_reconciler/files/cnpa_controller/controller.py", "tests/unit/test_ctl_main.py"):
-        "the test of the role's defaults against the program's",
 }
 
 TOKEN = re.compile(r"(?<![\w/.:~$%@-])(?:\.\.?/)*[A-Za-z0-9_][A-Za-z0-9_.-]*"

@@ -37,20 +37,20 @@ def test_objects_map_to_the_teamspace_they_concern():
 
 
 class Stream:
-    """A watch response: the given events, split at awkward places, then the end."""
+    """A watch as Api.watch gives it: the given events, then the end (or the failure given)."""
 
     def __init__(self, events, fail=None):
-        data = b"".join(json.dumps(e).encode() + b"\n" for e in events)
-        self.chunks = [data[i:i + 7] for i in range(0, len(data), 7)]
+        self.events = list(events)
         self.fail = fail
+        self.closed = False
 
-    def stream(self, amt, decode_content=True):
-        yield from self.chunks
+    def __iter__(self):
+        yield from self.events
         if self.fail:
             raise self.fail
 
-    def release_conn(self):
-        pass
+    def close(self):
+        self.closed = True
 
 
 class FakeApi:
@@ -70,7 +70,8 @@ class FakeApi:
             self.pages.pop(0)
         return json.loads(json.dumps(page))
 
-    def open(self, method, path, *, query=None, timeout=None, **kw):
+    def watch(self, path, query, timeout, *, connect_timeout=None):
+        assert timeout > query["timeoutSeconds"] and connect_timeout
         self.calls.append(("watch", dict(query)))
         if not self.watches:
             self.stop.set()
@@ -224,10 +225,10 @@ def test_a_watch_without_an_answer_or_told_to_slow_down_resumes_without_listing(
 
 def test_a_watch_that_ends_at_once_with_nothing_is_a_failure_not_a_spin():
     inf = Informer(None, "Namespace", "/x")
-    inf.api = type("A", (), {"open": lambda self, *a, **k: Stream([])})()
+    inf.api = type("A", (), {"watch": lambda self, *a, **k: Stream([])})()
     with pytest.raises(ApiError, match="ended at once"):
         inf.watch(threading.Event())
-    inf.api = type("A", (), {"open": lambda self, *a, **k: Stream(
+    inf.api = type("A", (), {"watch": lambda self, *a, **k: Stream(
         [{"type": "ADDED", "object": obj("team-a", 3)}])})()
     inf.watch(threading.Event())  # an event came: an ordinary end
     assert inf.list_keys() == ["team-a"]

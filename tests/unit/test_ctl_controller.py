@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import io
 
+from cnpa_controller.config import Settings
+from cnpa_controller.controller import Controller
 from fixtures import teamspace
-
-from cnpa_controller.controller import Controller, Settings
 
 
 class Follower:

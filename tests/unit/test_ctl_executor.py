@@ -11,20 +11,23 @@ import logging
 import os
 import time
 
-import fixtures
 import pytest
 
+import fixtures
 from cnpa_controller import ApiError, plan
-from cnpa_controller.executor import (
+from cnpa_controller.archive import ArchiveStore, archive_configmap, mktemp
+from cnpa_controller.events import (
     EVENT_BURST,
     EVENT_REFILL_SECONDS,
-    Executor,
+    HELD,
+    NOT_LEADER,
+    RECORDED,
+    EventRecorder,
     SpamFilter,
-    archive_configmap,
     event_name,
     event_write,
-    request_of,
 )
+from cnpa_controller.executor import Executor, request_of
 
 NOW = "2026-01-01T00:00:00Z"
 FIN = plan.FINALIZER
@@ -314,6 +317,34 @@ def test_leadership_lost_mid_pass_stops_the_writes():
     assert api.writes() == [("PATCH", TS_PATH)]
 
 
+def test_the_archive_store_and_the_recorder_say_not_leader_instead_of_writing(tmp_path):
+    """Each asks may_write() just before its own writes and returns the outcome: the executor,
+    not they, stops the TeamSpace's pass."""
+    api = FakeApi()
+    t = teamspace(finalizers=[FIN], deleting=True)
+    [archive, _release] = plan.plan(t, None, None, NOW)
+    kept = ArchiveStore(api, str(tmp_path), "cnpa-system", may_write=lambda: False).keep(archive)
+    assert kept.not_leader and not kept.written and kept.failure is None
+    assert list(tmp_path.iterdir()) == [] and api.calls == []
+    # Its file written, then the fence lapses before the cluster's copy.
+    answers = iter([True, False])
+    kept = ArchiveStore(api, str(tmp_path), "cnpa-system",
+                        may_write=lambda: next(answers)).keep(archive)
+    assert kept.not_leader and kept.written == [("write", f"archived to {tmp_path}/a.json")]
+    assert api.calls == []
+    done = EventRecorder(api, may_write=lambda: False).record(
+        "a", "u-1", plan.Event("Warning", "Bad", "x"), NOW)
+    assert done.outcome == NOT_LEADER and api.event_writes() == []
+
+
+def test_leadership_lost_before_the_archive_keeps_the_finalizer(tmp_path):
+    api = FakeApi()
+    result, said, _ = run(api, teamspace(finalizers=[FIN], deleting=True), tmp_path=tmp_path,
+                          may_write=lambda: False)
+    assert result.not_leader and not result.failed and said == []
+    assert api.writes() == [] and list(tmp_path.iterdir()) == []
+
+
 def test_a_problem_seen_again_is_counted_on_its_one_event():
     t = teamspace(finalizers=[FIN], pods="x")
     api = FakeApi()
@@ -335,7 +366,7 @@ def test_a_problem_seen_again_is_counted_on_its_one_event():
     assert set(patch[3]["metadata"]) == {"resourceVersion"}
     # The controller remembers what it wrote: it read the Event once, before creating it.
     assert [c[0] for c in api.calls if "/events/" in c[1]].count("GET") == 1
-    assert ex.event_writes == 3
+    assert ex.events.writes == 3
 
 
 def test_a_pass_without_memory_reads_the_event_and_counts_on():
@@ -358,7 +389,7 @@ def test_a_lasting_problem_makes_bounded_writes():
     problem = plan.Event("Warning", "InvalidPods", "spec.pods x")
     for at in range(start, start + seconds, 3):
         now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(at))
-        Executor(api, archive_dir="/nonexistent").event("a", "u-1", problem, now)
+        EventRecorder(api).record("a", "u-1", problem, now)
     [ev] = api.events.values()
     writes = len(api.event_writes())
     assert writes == ev["count"]
@@ -451,21 +482,22 @@ def test_the_spam_filter_is_a_token_bucket_per_teamspace():
 def test_many_problems_of_one_teamspace_are_bounded_by_its_bucket():
     """An object whose problem keeps changing (each message its own Event) cannot flood etcd."""
     api = FakeApi()
-    ex = Executor(api, archive_dir="/nonexistent")
-    for i in range(EVENT_BURST + 10):
-        ex.event("a", "u-1", plan.Event("Warning", "Flapping", f"message {i}"), NOW)
+    rec = EventRecorder(api)
+    outcomes = [rec.record("a", "u-1", plan.Event("Warning", "Flapping", f"message {i}"), NOW)
+                for i in range(EVENT_BURST + 10)]
     assert len(api.event_writes()) == EVENT_BURST
-    ex.event("b", "u-2", plan.Event("Warning", "Flapping", "another object"), NOW)
+    assert [o.outcome for o in outcomes] == [RECORDED] * EVENT_BURST + [HELD] * 10
+    rec.record("b", "u-2", plan.Event("Warning", "Flapping", "another object"), NOW)
     assert len(api.event_writes()) == EVENT_BURST + 1
 
 
 def test_the_memory_of_events_is_bounded(monkeypatch):
-    monkeypatch.setattr("cnpa_controller.executor.RECORDED_EVENTS_MAX", 3)
+    monkeypatch.setattr("cnpa_controller.events.RECORDED_EVENTS_MAX", 3)
     api = FakeApi()
-    ex = Executor(api, archive_dir="/nonexistent")
+    rec = EventRecorder(api)
     for i in range(5):
-        ex.event(f"t{i}", f"u-{i}", plan.Event("Warning", "Bad", "x"), NOW)
-    assert len(ex._recorded) == 3 and len(api.events) == 5
+        rec.record(f"t{i}", f"u-{i}", plan.Event("Warning", "Bad", "x"), NOW)
+    assert len(rec._recorded) == 3 and len(api.events) == 5
 
 
 def test_event_names_stay_what_earlier_versions_named_them():
@@ -480,7 +512,7 @@ def test_an_unknown_intent_is_an_error_not_a_skipped_write():
 
 
 def test_archive_temporary_names_are_what_the_sweep_removes(tmp_path):
-    fd, path = Executor._mktemp(str(tmp_path), ".a.json.")
+    fd, path = mktemp(str(tmp_path), ".a.json.")
     os.close(fd)
     assert fnmatch.fnmatch(os.path.basename(path), ".*.json.??????")
 

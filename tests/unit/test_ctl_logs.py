@@ -13,10 +13,10 @@ import sys
 from pathlib import Path
 
 import pytest
-from fixtures import unreachable_kubeconfig
 
 from cnpa_controller import logs
 from cnpa_controller.logs import about
+from fixtures import unreachable_kubeconfig
 
 ROOT = Path(__file__).resolve().parents[2]
 TEXT_LINE = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z (DEBUG|INFO|WARNING|ERROR) cnpa-op: .*")

@@ -3,6 +3,9 @@ asked on a terminal on a real k3s VM, never assumed without one."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 
 import dev
@@ -138,3 +141,20 @@ def test_arguments_after_double_dash_are_passed_on(argv, expected, actions):
 def test_docs_check_still_compares_only(actions):
     assert dev.main(["docs", "--check"]) == 0
     assert actions[-1] == ("sh", [str(dev.BIN / "python"), "variable_docs.py", "--check"])
+
+
+def test_the_checkout_is_importable_in_the_virtualenv_as_an_editable_install_makes_it(tmp_path):
+    """The tests and the benchmark import cnpa_controller from where the role installs it from,
+    and testhost and fixtures from the checkout, through the virtualenv alone: no path edits."""
+    site = tmp_path / f"lib/python{sys.version_info.major}.{sys.version_info.minor}/site-packages"
+    site.mkdir(parents=True)
+    pth = dev.link_checkout(tmp_path)
+    assert pth.parent == site and dev.link_checkout(tmp_path) == pth   # again: the same file
+    code = ("import site, sys; site.addsitedir(sys.argv[1]); "
+            "import cnpa_controller, fixtures, testhost; print(cnpa_controller.__file__)")
+    # -I -S: neither this process's path nor its virtualenv, only that site directory.
+    proc = subprocess.run([sys.executable, "-I", "-S", "-c", code, str(site)], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=60, check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == str(dev.ROOT / "roles/cnpa_reconciler/files/cnpa_controller"
+                                      / "__init__.py")

@@ -12,7 +12,9 @@ import threading
 import pytest
 
 from cnpa_controller import ApiError, leader
+from cnpa_controller.config import LeaseSettings
 from cnpa_controller.leader import Elector, decide, next_spec, record_of, released_spec
+from cnpa_controller.turn import PassTurn
 
 ME, OTHER = "host-a", "host-b"
 PATH = "/apis/coordination.k8s.io/v1/namespaces/cnpa-system/leases/cnpa-op"
@@ -572,8 +574,9 @@ def test_slower_renewals_that_succeed_leave_gaps_of_twice_the_latency_less_the_r
 # -- a pass's turn on the Lease -------------------------------------------------------------------
 
 def turn(clock, identity=ME):
-    return leader.PassTurn(clock.api, "cnpa-system", "cnpa-op", identity, lease_seconds=4,
-                           renew_seconds=3, retry_seconds=0.5, clock=clock,
+    lease = LeaseSettings(identity, "cnpa-system", "cnpa-op", lease_seconds=4, renew_seconds=3,
+                          retry_seconds=0.5)
+    return PassTurn(clock.api, lease, clock=clock,
                            wall=lambda: 1767225600.0 + clock.t)
 
 

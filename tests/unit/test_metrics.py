@@ -57,7 +57,8 @@ def test_a_controller_starts_its_reconcile_counters_at_zero(tmp_path):
     import io
     from types import SimpleNamespace
 
-    from cnpa_controller.controller import Controller, Settings
+    from cnpa_controller.config import Settings
+    from cnpa_controller.controller import Controller
 
     m = Metrics()
     Controller(SimpleNamespace(), Settings(archive_dir=str(tmp_path)), metrics=m,
@@ -80,8 +81,8 @@ def test_a_follower_reconciles_nothing_and_counts_what_it_left_apart(tmp_path):
     from types import SimpleNamespace
 
     import fixtures
-
-    from cnpa_controller.controller import Controller, Settings
+    from cnpa_controller.config import Settings
+    from cnpa_controller.controller import Controller
 
     leading = [False]
 

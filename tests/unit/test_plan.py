@@ -3,15 +3,11 @@ intents, in the spec's nouns."""
 
 from __future__ import annotations
 
-import sys
 from fractions import Fraction
-from pathlib import Path
 
-import fixtures
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-
+import fixtures
 from cnpa_controller import plan as p
 
 NOW = "2026-12-03T00:00:00Z"
@@ -146,3 +142,10 @@ def test_a_forged_namespace_with_our_reference_and_labels_of_its_own_is_not_ours
 def test_our_recorded_namespace_may_carry_labels_its_team_added():
     team = ns(**{"pod-security.kubernetes.io/enforce": "restricted"})
     assert p.plan(ts(status=converged_status()), team, quota(), NOW) == []
+
+
+def test_a_teamspace_and_its_namespace_name_each_other():
+    assert p.namespace_of("a-b") == "team-a-b"
+    assert p.teamspace_of("team-a-b") == "a-b"
+    assert p.teamspace_of(p.namespace_of("x")) == "x"
+    assert p.teamspace_of("team-") is None and p.teamspace_of("kube-system") is None

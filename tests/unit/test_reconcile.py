@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
+
 from fixtures import unreachable_kubeconfig
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -66,7 +67,12 @@ def test_bad_usage_and_settings_are_status_3_and_named(installed, tmp_path, args
 
 def test_a_missing_package_is_status_3_not_a_teamspace_failure(installed, tmp_path):
     shutil.rmtree(installed / "cnpa_controller")
-    res = run(installed, tmp_path)
+    # A target's python3, which has no cnpa_controller of its own: this one without its
+    # site-packages, where the virtualenv makes the checkout's importable.
+    python = tmp_path / "python3"
+    python.write_text(f"#!/bin/sh\nexec {sys.executable} -S \"$@\"\n")
+    python.chmod(0o755)
+    res = run(installed, tmp_path, CNPA_PYTHON=str(python))
     assert res.returncode == 3 and "cannot load cnpa_controller" in res.stderr, res.stderr
 
 

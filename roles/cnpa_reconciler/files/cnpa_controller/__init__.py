@@ -4,8 +4,9 @@
 Watch-fed caches of TeamSpaces, their namespaces and quotas (cache.py) queue the names of the
 TeamSpaces whose objects changed (workqueue.py); workers reconcile each with the plan
 (plan.py: one pure function decides what to write) and send its writes (executor.py);
-controller.py wires them, once.py makes one pass, __main__.py reads the configuration. Every
-request goes through api.py.
+controller.py wires them, once.py makes one pass; config.py holds every setting and its
+default, __main__.py is the command line. Every request and watch goes through api.py, on the
+connection kubeconfig.py's reading of the kubeconfig describes.
 """
 
 from .api import Api, ApiError, path_of

@@ -35,7 +35,6 @@ watching.
 
 from __future__ import annotations
 
-import json
 import logging
 import random
 import threading
@@ -43,9 +42,8 @@ import time
 from typing import Callable
 
 from .api import DEFAULT_TIMEOUT, Api, ApiError
-from .plan import API_VERSION, LABEL, QUOTA
+from .plan import API_VERSION, LABEL, QUOTA, namespace_of, teamspace_of
 
-NAMESPACE_PREFIX = "team-"
 # Seconds a watch must stay open to count as working (shorter, with nothing in it: a failure).
 SHORT_WATCH = 1.0
 
@@ -58,10 +56,7 @@ def teamspace_of_teamspace(obj: dict) -> str | None:
 
 def teamspace_of_namespace(obj: dict) -> str | None:
     """Namespace team-X concerns TeamSpace X, whatever its label says (the plan judges that)."""
-    name = (obj.get("metadata") or {}).get("name") or ""
-    if name.startswith(NAMESPACE_PREFIX) and len(name) > len(NAMESPACE_PREFIX):
-        return name[len(NAMESPACE_PREFIX):]
-    return None
+    return teamspace_of((obj.get("metadata") or {}).get("name") or "")
 
 
 def teamspace_of_quota(obj: dict) -> str | None:
@@ -69,7 +64,7 @@ def teamspace_of_quota(obj: dict) -> str | None:
     meta = obj.get("metadata") or {}
     if meta.get("name") != QUOTA:
         return None
-    return teamspace_of_namespace({"metadata": {"name": meta.get("namespace") or ""}})
+    return teamspace_of(meta.get("namespace") or "")
 
 
 def object_key(obj: dict) -> str:
@@ -126,7 +121,7 @@ class Informer:
         self._lock = threading.Lock()
         self._store: dict[str, dict] = {}
         self._deleted: dict[str, str | None] = {}  # key -> resourceVersion of its deletion
-        self._response = None
+        self._watch = None   # the watch open now (close() breaks it)
 
     # -- reading the cache -----------------------------------------------------------------
     def get(self, key: str) -> dict | None:
@@ -252,41 +247,33 @@ class Informer:
         """One watch from the current resourceVersion until the server ends it or it breaks."""
         # Jitter (as client-go's reflector): kinds and replicas do not all reconnect together.
         timeout = int(self.watch_timeout * (1 + random.random()))
-        query = {**self.selectors, "watch": "1", "resourceVersion": self.resource_version,
+        query = {**self.selectors, "resourceVersion": self.resource_version,
                  "allowWatchBookmarks": "true", "timeoutSeconds": timeout}
         self.watches += 1
-        import urllib3  # the kubernetes client's own dependency
-
         # The read timeout outlives the server's by a margin: a connection that went silent
         # (host gone, no FIN) is noticed instead of waited on forever.
         try:
-            resp = self.api.open("GET", self.path, query=query,
-                                 timeout=urllib3.Timeout(connect=self.request_timeout,
-                                                         read=timeout + 30))
+            events = self.api.watch(self.path, query, timeout + 30,
+                                    connect_timeout=self.request_timeout)
         except ApiError as exc:
             if exc.status == 410:
                 raise Gone(f"watch of {self.kind}: {exc.message}") from exc
             raise
-        self._response = resp
+        self._watch = events
         self._watching(True)
-        began, events = time.monotonic(), 0
+        began, seen = time.monotonic(), 0
         try:
-            buf = b""
-            for chunk in resp.stream(None, decode_content=True):
+            for event in events:
                 if stop.is_set():
                     return
-                buf += chunk
-                *lines, buf = buf.split(b"\n")
-                for line in lines:
-                    if line.strip():
-                        events += 1
-                        self._event(json.loads(line))
+                seen += 1
+                self._event(event)
         finally:
-            self._response = None
+            self._watch = None
             self.stale()   # a watch that lasted is a success even if nothing came
             self._watching(False)
-            resp.release_conn()
-        if not events and time.monotonic() - began < SHORT_WATCH:
+            events.close()
+        if not seen and time.monotonic() - began < SHORT_WATCH:
             # A watch the server (or a proxy) ends at once, with nothing in it, is a failure
             # (client-go's "very short watch"): resumed at once it would spin.
             raise ApiError(0, "ShortWatch", f"watch of {self.kind} ended at once with no event")
@@ -368,12 +355,9 @@ class Informer:
 
     def close(self) -> None:
         """Break the current watch (at shutdown), so that its thread ends."""
-        resp = self._response
-        if resp is not None:
-            try:
-                resp.shutdown() if hasattr(resp, "shutdown") else resp.close()
-            except Exception:
-                pass
+        events = self._watch
+        if events is not None:
+            events.close()
 
 
 class Caches:
@@ -404,20 +388,12 @@ class Caches:
             t.start()
             self._threads.append(t)
 
-    def wait_synced(self, stop: threading.Event, timeout: float | None = None) -> bool:
-        deadline = None if timeout is None else time.monotonic() + timeout
-        for inf in self.all:
-            while not inf.synced.wait(0.2):
-                if stop.is_set() or (deadline is not None and time.monotonic() > deadline):
-                    return False
-        return True
-
     def synced(self) -> bool:
         return all(inf.synced.is_set() for inf in self.all)
 
     def state(self, name: str) -> tuple[dict | None, dict | None, dict | None]:
         """The TeamSpace NAME, namespace team-NAME and its quota, as the caches have them."""
-        ns = f"{NAMESPACE_PREFIX}{name}"
+        ns = namespace_of(name)
         return (self.teamspaces.get(name), self.namespaces.get(ns),
                 self.quotas.get(f"{ns}/{QUOTA}"))
 

@@ -18,74 +18,20 @@ and labels are metrics.KNOWN's and those its collector reads from the caches and
 from __future__ import annotations
 
 import logging
-import os
 import sys
 import threading
 import time
-from dataclasses import dataclass
 from typing import Any, Callable
 
 from . import health, logs, plan
-from .api import DEFAULT_TIMEOUT, Api
+from .api import Api
 from .cache import Caches
+from .config import EXIT_ARCHIVE, EXIT_OK, Settings
 from .executor import Executor
 from .logs import about
 from .workqueue import WorkQueue
 
-EXIT_OK = 0
-EXIT_CONFIG = 3
-EXIT_ARCHIVE = 4
-
-
-# The lab's base directory (lab.md: /root/cnpa-op); the archive is ARCHIVE beneath it.
-BASE_DIR = "/root/cnpa-op"
-ARCHIVE = "archive"
-# The role's system layout (cnpa_layout=system, the controller-only install): the code here, the
-# records apart from it, where the FHS keeps a service's state.
-SYSTEM_BASE_DIR = "/opt/cnpa-op"
-SYSTEM_ARCHIVE_DIR = "/var/lib/cnpa-op/archive"
-# The directory this package is installed in (reconcile.sh's, the unit's working directory).
-INSTALLED_IN = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def default_archive_dir(base_dir: str = "", installed_in: str = INSTALLED_IN) -> str:
-    """Where records go unless CNPA_ARCHIVE_DIR says: beneath CNPA_BASE_DIR when that is given;
-    otherwise where the install this package belongs to keeps them, so that a pass run by hand
-    archives where the installed unit does."""
-    if base_dir:
-        return os.path.join(base_dir, ARCHIVE)
-    if installed_in == SYSTEM_BASE_DIR:
-        return SYSTEM_ARCHIVE_DIR
-    return os.path.join(BASE_DIR, ARCHIVE)
-
-
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class Settings:
-    """Every setting of a pass and of the long-running controller, with its default (the one
-    place defaults are written: __main__ reads the flags and the environment over them; the
-    role's defaults are checked against them in tests/unit/test_ctl_main.py)."""
-
-    archive_dir: str
-    event_namespace: str = "default"
-    archive_namespace: str = ""  # "": records only on this host's disk
-    # A name that found this process not leading is looked at again after this long (about a
-    # renewal of the Lease: CNPA_LEASE_RETRY_SECONDS).
-    not_leader_retry_seconds: float = 2.0
-    request_timeout: float = DEFAULT_TIMEOUT
-    # The executor's writes time out sooner with leader election (see __main__): 0, request_timeout.
-    write_timeout: float = 0.0
-    resync_seconds: float = 300.0
-    workers: int = 32
-    retry_max_seconds: float = 30.0
-    watch_timeout_seconds: int = 300
-    # /readyz fails once a cache's list or watch has failed for this long in a row (cache.py).
-    cache_stale_seconds: float = 30.0
-    list_page_size: int = 500
-    metrics_textfile: str = ""
-    metrics_textfile_seconds: float = 15.0
 
 
 class AlwaysLeader:
@@ -141,10 +87,6 @@ NOT_RECONCILED = ("standby", "not_leader")
 CONTROLLER = "teamspace"
 
 
-def utc_now() -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-
-
 class Controller:
     def __init__(self, api: Api, settings: Settings, *,
                  make_elector: Callable[[Callable[[bool], None]], Any] | None = None,
@@ -184,11 +126,9 @@ class Controller:
                              watch_timeout=settings.watch_timeout_seconds,
                              request_timeout=max(settings.request_timeout, 30.0),
                              stale_seconds=settings.cache_stale_seconds)
-        self.executor = Executor(api, archive_dir=settings.archive_dir,
-                                 event_namespace=settings.event_namespace,
-                                 archive_namespace=settings.archive_namespace,
-                                 may_write=self.elector.is_leader, observe=self.caches.observe,
-                                 say=self.say, count=self._count)
+        self.executor = Executor.from_settings(api, settings, may_write=self.elector.is_leader,
+                                               observe=self.caches.observe, say=self.say,
+                                               count=self._count)
         self.metrics.watch(caches=self.caches, queue=self.queue)
 
     # -- output (the journal) --------------------------------------------------------------
@@ -234,7 +174,7 @@ class Controller:
         if teamspace is None:
             self.queue.forget(name)  # gone: its namespace goes with it (ownerReference)
             return "gone" if leading else "standby"
-        now = utc_now()
+        now = plan.utc_now()
         writes = plan.plan(teamspace, namespace, quota, now)
         if not writes:
             self.queue.forget(name)

@@ -62,23 +62,18 @@ import time
 from typing import Callable
 
 from .api import DEFAULT_TIMEOUT, Api, ApiError
+from .config import LEASE_SECONDS, RENEW_SECONDS, RETRY_SECONDS, LeaseSettings
+from .plan import MANAGED_BY
 
 log = logging.getLogger("cnpa_controller.leader")
 
 LEASES = "/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases"
 EVENTS = "/api/v1/namespaces/{namespace}/events"
-MANAGED_BY = ("app.kubernetes.io/managed-by", "cnpa-op")
 RECORD_FIELDS = ("holderIdentity", "leaseDurationSeconds", "acquireTime", "renewTime", "leaseTransitions")
 MISSING = {"missing": True}  # the record of a Lease that does not exist (observed like any other)
 # Candidates that are not leading poll with jitter (as client-go's JitterUntil) so that they do
 # not all hit the API server in the same instant after a leader goes.
 JITTER = 0.2
-# Defaults, the role's too: a leader that stops renewing is replaced about LEASE_SECONDS +
-# RETRY_SECONDS later (docs/benchmark.md, "Leader lost"). The Lease lives in the role's
-# namespace, so that every writer, installed or run by hand, takes turns on the same one; where
-# that namespace does not exist, no controller can hold the Lease (see PassTurn).
-LEASE_NAMESPACE, LEASE_NAME = "cnpa-system", "cnpa-op"
-LEASE_SECONDS, RENEW_SECONDS, RETRY_SECONDS = 10, 7, 2
 
 
 def micro_time(wall: float) -> str:
@@ -169,7 +164,7 @@ class Elector:
         self.retry_seconds = retry_seconds
         self.on_change = on_change
         # The level of the ordinary transitions' lines: a pass takes and gives the Lease back on
-        # every pass that writes, which is no news (PassTurn: debug).
+        # every pass that writes, which is no news (turn.PassTurn: debug).
         self._news = news
         self._clock = clock
         self._wall = wall
@@ -191,12 +186,24 @@ class Elector:
         self.stepped_at = float("-inf")   # our clock when run() last went round (alive())
         self.lease_uid = ""   # for lease_event(..., uid=elector.lease_uid)
 
+    @classmethod
+    def of(cls, api: Api, lease: LeaseSettings, **kw) -> Elector:
+        """An Elector of the Lease these settings name, with their timings."""
+        return cls(api, lease.namespace, lease.name, lease.identity,
+                   lease_seconds=lease.lease_seconds, renew_seconds=lease.renew_seconds,
+                   retry_seconds=lease.retry_seconds, **kw)
+
     @property
     def path(self) -> str:
         return LEASES.format(namespace=self.namespace) + "/" + self.name
 
     def describe(self) -> str:
         return f"{self.namespace}/{self.name}"
+
+    @property
+    def request_timeout(self) -> float:
+        """How long each of its requests may take (renew - retry seconds, at most 10 s)."""
+        return self._timeout
 
     def is_leader(self) -> bool:
         return self._clock() < self._valid_until and self._wall() < self._valid_until_wall
@@ -394,98 +401,6 @@ class Elector:
                 self.on_change(leading)
             except Exception:
                 log.exception("%s: on_change(%s) failed", self.identity, leading)
-
-
-class PassTurn:
-    """A pass's turn on the Lease (once.py): one-pass writers take turns with the long-running
-    controllers on the same Lease, so that two writers cannot happen, whichever mode runs where.
-
-    take() campaigns as an Elector does (free or expired as this process saw it: acquired; a
-    deleted Lease: created once it has been missing for lease_seconds) until it leads, or until
-    it sees another holder renew (a live holder: the pass writes nothing), for at most about
-    lease_seconds plus a retry. Where the Lease's namespace does not exist, nobody can hold it
-    (the lab's first passes, before the role made it): the pass writes unfenced. While the pass
-    writes, the Lease is renewed from a thread of its own (may_write() is the fence); done()
-    gives it up at once, so that the next pass, or a watch controller, takes it without waiting.
-
-    Returns of take(): LEADING, NO_LEASE, REFUSED (the Lease may not be read: the pass writes
-    nothing and says which permission is missing), or the identity of the live holder."""
-
-    LEADING, NO_LEASE, REFUSED = "leading", "no-lease", "refused"
-
-    def __init__(self, api: Api, namespace: str, name: str, identity: str, *,
-                 lease_seconds: float = LEASE_SECONDS, renew_seconds: float = RENEW_SECONDS,
-                 retry_seconds: float = RETRY_SECONDS, clock=boottime, wall=time.time) -> None:
-        self.elector = Elector(api, namespace, name, identity, lease_seconds=lease_seconds,
-                               renew_seconds=renew_seconds, retry_seconds=retry_seconds,
-                               clock=clock, wall=wall, news=logging.DEBUG)
-        self.api = api
-        self._clock = clock
-        self._stop = threading.Event()
-        self._renewer: threading.Thread | None = None
-        self.outcome = ""
-
-    def take(self, wait=time.sleep) -> str:
-        e = self.elector
-        first_look = self._first_look()
-        if first_look:
-            self.outcome = first_look
-            return self.outcome
-        deadline = self._clock() + e.lease_seconds + 2 * e.retry_seconds + 2 * e._timeout
-        first: dict | None = None
-        while True:
-            e.step()
-            if e.is_leader():
-                self.outcome = self.LEADING
-                self._renewer = threading.Thread(target=e.run, args=(self._stop,),
-                                                 name="lease-renewal", daemon=True)
-                self._renewer.start()
-                return self.outcome
-            seen = e.observed()
-            holder = (seen or {}).get("holderIdentity") or ""
-            if first is None:
-                first = seen
-            elif holder and seen != first:
-                # The holder renewed while we looked: it is alive, and it writes.
-                self.outcome = holder
-                return holder
-            if self._clock() >= deadline:
-                self.outcome = holder or "(nobody: the Lease could not be taken)"
-                return self.outcome
-            wait(e.retry_seconds * (1 + JITTER * random.random()))
-
-    def may_write(self) -> bool:
-        return self.outcome == self.NO_LEASE or self.elector.is_leader()
-
-    def done(self) -> None:
-        """The pass is over: stop renewing and give the Lease up (if held)."""
-        if self.outcome == self.LEADING:
-            self.elector.release()
-            self._stop.set()
-            if self._renewer is not None:
-                self._renewer.join(2 * self.elector._timeout + 1)
-
-    def _first_look(self) -> str:
-        """NO_LEASE when the Lease is missing and so is its namespace (one GET each, the second
-        only when the Lease is missing); REFUSED when this identity may not read the Lease; ""
-        otherwise (take() campaigns; a transient error is read again there)."""
-        e = self.elector
-        try:
-            self.api.request("GET", e.path, timeout=e._timeout)
-            return ""
-        except ApiError as err:
-            if err.status in (401, 403):
-                log.error("%s: cannot read lease %s (%s): this pass writes nothing; the identity "
-                          "needs get, update and create on that Lease (the role grants them)",
-                          e.identity, e.describe(), err)
-                return self.REFUSED
-            if err.status != 404:
-                return ""
-        try:
-            self.api.request("GET", f"/api/v1/namespaces/{e.namespace}", timeout=e._timeout)
-        except ApiError as err:
-            return self.NO_LEASE if err.status == 404 else ""
-        return ""
 
 
 def lease_event(api: Api, namespace: str, lease: str, identity: str, became_leader: bool, *,

@@ -70,8 +70,8 @@ def write_line(teamspace: str, what: str) -> str:
 
 
 def setup(fmt: str = "text", level: str = "info", stream=None) -> None:
-    """Our loggers at `level`; the libraries' (urllib3, the kubernetes client) at warning or above,
-    through the same handler so that their lines have a time and level too."""
+    """Our loggers at `level`; any library's at warning or above, through the same handler so
+    that their lines have a time and level too."""
     global _format
     _format = fmt
     handler = Handler(stream or sys.stderr)

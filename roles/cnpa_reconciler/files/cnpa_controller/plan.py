@@ -20,21 +20,24 @@ Python 3.9+, standard library only (the lab VM's python3; the `kubernetes` clien
 from __future__ import annotations
 
 import json
-import math
 import re
+import time
 from dataclasses import asdict, dataclass
-from fractions import Fraction
 from typing import Any, ClassVar
+
+from .quantity import MAX_CPU_LENGTH, quantity, same_quantity, stored_cpu
 
 GROUP = "platform.labhub.io"
 API_VERSION = f"{GROUP}/v1alpha1"
 FINALIZER = f"{GROUP}/cleanup"
 LABEL = f"{GROUP}/teamspace"
 QUOTA = "team-quota"
+# TeamSpace NAME's namespace is team-NAME (namespace_of), and namespace team-NAME concerns
+# TeamSpace NAME (teamspace_of).
+NAMESPACE_PREFIX = "team-"
+# Every object the controller makes carries this label (Events, archive ConfigMaps, the Lease).
+MANAGED_BY = ("app.kubernetes.io/managed-by", "cnpa-op")
 DEFAULT_CPU = "1"
-# The CRD bounds spec.cpu to this length; the controller holds to it too, so that a server
-# without that bound cannot feed it a value it would spend a pass parsing or printing.
-MAX_CPU_LENGTH = 64
 
 # The order in which writes happen within a pass. A TeamSpace whose write fails is left out of
 # the later steps, so its status never claims what is not in place.
@@ -54,18 +57,6 @@ QUOTA_REVERTED = "QuotaReverted"  # Normal: an edit of the quota was set back
 RECONCILED = "Reconciled"  # the Ready condition's reason when it is True
 
 _DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
-# The Kubernetes quantity grammar (k8s.io/apimachinery/pkg/api/resource):
-# <sign><digits>[.<digits>] followed by a binary-SI suffix, a decimal-SI suffix or an exponent.
-_QUANTITY = re.compile(r"([+-]?)([0-9]+(?:\.[0-9]*)?|\.[0-9]+)"
-                       r"(?:(Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE])|[eE]([+-]?[0-9]+))?")
-_SUFFIX = {"": Fraction(1), "n": Fraction(1, 10**9), "u": Fraction(1, 10**6),
-           "m": Fraction(1, 1000), "k": Fraction(10**3), "M": Fraction(10**6),
-           "G": Fraction(10**9), "T": Fraction(10**12), "P": Fraction(10**15),
-           "E": Fraction(10**18), "Ki": Fraction(2**10), "Mi": Fraction(2**20),
-           "Gi": Fraction(2**30), "Ti": Fraction(2**40), "Pi": Fraction(2**50),
-           "Ei": Fraction(2**60)}
-# Exponents beyond this are out of any range the API server stores.
-_MAX_EXPONENT = 100
 
 
 # -- the intents ----------------------------------------------------------------------------------
@@ -184,36 +175,17 @@ class SetStatus(Intent, step="status", op="replace"):
     namespace_created: bool
 
 
-def quantity(text: Any) -> Fraction | None:
-    """The exact value of a Kubernetes quantity string, or None when it is not one."""
-    if isinstance(text, bool) or not isinstance(text, (str, int)):
-        return None
-    text = str(text)
-    if len(text) > MAX_CPU_LENGTH:
-        return None
-    m = _QUANTITY.fullmatch(text)
-    if m is None:
-        return None
-    sign, number, suffix, exponent = m.groups()
-    value = Fraction(number if not number.endswith(".") else number[:-1])
-    if exponent is not None:
-        if abs(int(exponent)) > _MAX_EXPONENT:
-            return None
-        value *= Fraction(10) ** int(exponent)
-    else:
-        value *= _SUFFIX[suffix or ""]
-    return -value if sign == "-" else value
+def namespace_of(name: str) -> str:
+    """The namespace of TeamSpace `name`."""
+    return NAMESPACE_PREFIX + name
 
 
-def _same_quantity(a: Any, b: Any) -> bool:
-    qa, qb = quantity(a), quantity(b)
-    return qa is not None and qa == qb
-
-
-def stored_cpu(value: Fraction) -> Fraction:
-    """The value the API server keeps for a quota's cpu: rounded up to a whole milli-CPU
-    (measured on 1.36: "0.0005", "500u" and "100n" are stored as "1m", "1500u" as "2m")."""
-    return Fraction(math.ceil(value * 1000), 1000)
+def teamspace_of(namespace: str) -> str | None:
+    """The TeamSpace a namespace is named for, whatever its labels say (the plan judges those);
+    None for a namespace not named team-NAME."""
+    if namespace.startswith(NAMESPACE_PREFIX) and len(namespace) > len(NAMESPACE_PREFIX):
+        return namespace[len(NAMESPACE_PREFIX):]
+    return None
 
 
 def quota_matches(have: dict, hard: dict) -> bool:
@@ -221,7 +193,7 @@ def quota_matches(have: dict, hard: dict) -> bool:
     if set(have) != set(hard):
         return False
     cpu, stored = quantity(hard["requests.cpu"]), quantity(have["requests.cpu"])
-    return (_same_quantity(have["pods"], hard["pods"]) and cpu is not None
+    return (same_quantity(have["pods"], hard["pods"]) and cpu is not None
             and stored == stored_cpu(cpu))
 
 
@@ -277,7 +249,7 @@ def _deletion_writes(teamspace: dict) -> list:
 def _problem(teamspace: dict, namespace: dict | None, quota: dict | None) -> tuple | None:
     """(reason, message) of what no write can fix, or None."""
     name = teamspace["metadata"]["name"]
-    ns_name = f"team-{name}"
+    ns_name = namespace_of(name)
     spec = teamspace.get("spec") or {}
     pods = spec.get("pods")
     if isinstance(pods, bool) or not isinstance(pods, int) or pods < 0:
@@ -415,13 +387,18 @@ def failed_status(teamspace: dict, reason: str, message: str, now: str) -> list:
     return _not_ready(teamspace, reason, message[:1024], now)
 
 
+def utc_now() -> str:
+    """The `now` the plan takes: the time written into conditions and Events (UTC, seconds)."""
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
 def plan(teamspace: dict, namespace: dict | None, quota: dict | None, now: str) -> list:
     """The writes that bring one TeamSpace's namespace, quota and status to the desired state."""
     meta = teamspace["metadata"]
     if meta.get("deletionTimestamp"):
         return _deletion_writes(teamspace)
     name = meta["name"]
-    ns_name = f"team-{name}"
+    ns_name = namespace_of(name)
     # Our finalizer first and on every live TeamSpace, valid or not: its deletion must wait for
     # the archive record whatever else is wrong with it.
     writes = _finalizer_writes(teamspace)

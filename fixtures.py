@@ -1,13 +1,16 @@
-"""What every tier of tests (and the benchmark) builds TeamSpaces with and judges their cpu by.
+"""What every tier of tests and the benchmark build TeamSpaces with and judge their cpu by: beside
+them both, so that neither imports from the other (dev.py's link_checkout makes it importable).
 
-The hosts themselves come from hostlib.session_host (one per test directory and worker)."""
+The tests' hosts themselves come from tests/hostlib.session_host (one per test directory and
+worker)."""
 
 from __future__ import annotations
 
 from fractions import Fraction
 from pathlib import Path
 
-from cnpa_controller.plan import API_VERSION, quantity
+from cnpa_controller.plan import API_VERSION
+from cnpa_controller.quantity import quantity
 
 
 def teamspace(name: str, pods: int = 4, cpu: str | None = None, **metadata) -> dict:
