@@ -95,3 +95,32 @@ def test_a_cache_whose_watch_keeps_failing_fails_readyz_not_healthz(tmp_path):
     assert c.healthz() == []
     namespaces._heard()   # watching again
     assert c.readyz() == []
+
+
+def test_a_resync_queues_every_name_once_a_period_a_slice_at_a_time(tmp_path):
+    """Not 10,000 names in one instant: each tick a slice, every name once per period."""
+    import threading
+
+    c = Controller(NoApi(), Settings(archive_dir=str(tmp_path), resync_seconds=5),
+                   make_elector=Candidate, out=io.StringIO())
+    for i in range(23):
+        c.caches.teamspaces._store[f"t{i:02d}"] = teamspace(f"t{i:02d}", 2, uid=f"u{i}")
+    added: list[list[str]] = []
+    ticks = [0]
+
+    class Stop(threading.Event):
+        def wait(self, timeout=None):
+            # Each tick: what was queued since the last one, then the next tick.
+            added.append(list(c.queue._queue))
+            c.queue._queue.clear()
+            c.queue._dirty.clear()
+            ticks[0] += 1
+            return ticks[0] > 10
+
+    c.stop = Stop()
+    c.resync(tick=1.0)
+    slices = [s for s in added[1:] if s]
+    assert [len(s) for s in added[1:6]] == [5, 5, 5, 5, 3]   # 23 names over 5 ticks
+    assert sorted(n for s in added[1:6] for n in s) == sorted(c.caches.teamspaces.list_keys())
+    assert added[6:11] == added[1:6]   # the next period goes round again
+    assert len(slices) >= 9

@@ -1,7 +1,8 @@
 """Watch-fed caches of the objects the plan reads: TeamSpaces, their namespaces and quotas.
 
 One informer per kind: it lists the kind once (paginated, so a large cluster is read in bounded
-pieces), then watches from the list's resourceVersion. The cache is what the workers read, so an
+pieces), then watches from the list's resourceVersion. It keeps each object's slim record
+(records.py: what the plan reads and the executor sends back), not the whole object. The cache is what the workers read, so an
 idle controller sends no list requests at all; each change reaches it as one watch event, and the
 handler queues the name of the TeamSpace the object concerns (never the event itself: the worker
 reads the whole current state, level-triggered, as a pass does).
@@ -41,6 +42,7 @@ import threading
 import time
 from typing import Callable
 
+from . import records
 from .api import DEFAULT_TIMEOUT, Api, ApiError
 from .plan import API_VERSION, LABEL, QUOTA, namespace_of, teamspace_of
 
@@ -140,6 +142,7 @@ class Informer:
         """Take in an object a write of ours returned: the cache must not wait for the watch to
         learn what we just wrote (a pass planned on the older copy would write it again, or take
         our own new namespace for somebody else's). An older copy never replaces a newer one."""
+        obj = records.record_of(obj)
         key = object_key(obj)
         meta = obj.get("metadata") or {}
         rv = meta.get("resourceVersion")
@@ -217,7 +220,7 @@ class Informer:
                 # A list's items carry no kind; the plan and the executor's paths want it.
                 obj.setdefault("kind", self.kind)
                 obj.setdefault("apiVersion", API_VERSION if self.kind == "TeamSpace" else "v1")
-                items[object_key(obj)] = obj
+                items[object_key(obj)] = records.record_of(obj)
             meta = page.get("metadata") or {}
             token = meta.get("continue")
             if not token:
@@ -292,6 +295,7 @@ class Informer:
             return
         if kind not in ("ADDED", "MODIFIED", "DELETED"):
             return
+        obj = records.record_of(obj)
         key = object_key(obj)
         with self._lock:
             if kind == "DELETED":

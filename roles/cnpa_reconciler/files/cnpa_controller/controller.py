@@ -236,12 +236,22 @@ class Controller:
         if result not in ("gone", "internal_error"):
             self.metrics.inc("cnpa_reconciles_total", {"result": result})
 
-    def resync(self) -> None:
+    def resync(self, tick: float = 1.0) -> None:
         """Every resync period, every TeamSpace is queued: a change no event reported (or one
-        missed) is still found. From the cache: no list request."""
-        while not self.stop.wait(self.settings.resync_seconds):
+        missed) is still found. From the cache: no list request. Spread over the period, a
+        slice every tick, not all at once: at 10,000 TeamSpaces a resync that queued every name
+        in one instant made a burst of work (and of latency for a real change queued behind it)
+        every period; sliced, it is a steady trickle that goes round once a period."""
+        while not self.stop.is_set():
+            names = sorted(self.caches.teamspaces.list_keys())
+            steps = max(1, int(self.settings.resync_seconds / tick))
+            per_step = -(-len(names) // steps)   # ceil: every name once a period
+            for step in range(steps):
+                if self.stop.wait(tick):
+                    return
+                for name in names[step * per_step:(step + 1) * per_step]:
+                    self.queue.add(name)
             self.metrics.inc("cnpa_resyncs_total")
-            self.enqueue_all()
 
     def textfile(self) -> None:
         while not self.stop.wait(self.settings.metrics_textfile_seconds):
