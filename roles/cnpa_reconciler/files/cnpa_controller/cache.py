@@ -2,8 +2,9 @@
 
 One informer per kind: it lists the kind once (paginated, so a large cluster is read in bounded
 pieces), then watches from the list's resourceVersion. It keeps each object's slim record
-(records.py: what the plan reads and the executor sends back), not the whole object. The cache is what the workers read, so an
-idle controller sends no list requests at all; each change reaches it as one watch event, and the
+(records.py: what the plan reads and the executor sends back), not the whole object. The cache
+is what the workers read, so an idle controller sends no list requests at all; each change
+reaches it as one watch event, and the
 handler queues the name of the TeamSpace the object concerns (never the event itself: the worker
 reads the whole current state, level-triggered, as a pass does).
 

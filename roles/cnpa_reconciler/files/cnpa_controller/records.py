@@ -3,10 +3,10 @@
 An object as the API server sends it carries far more than the plan reads: managedFields (often
 half its size), the annotations kubectl apply leaves, a quota's status that moves with every pod.
 With thousands of TeamSpaces, three caches of whole objects cost about 34 KiB per TeamSpace
-(docs/benchmark.md). Each cache therefore keeps a slim record instead, as client-go's informers
+(the benchmark's figures). Each cache therefore keeps a slim record instead, as client-go's informers
 do with SetTransform: a dict of the same shape (the plan, its input type and its tests are
 unchanged), with only
-- the fields plan.plan reads (tests/unit/test_records.py fails when it reads one a record drops),
+- the fields plan.plan reads (a unit test fails when it reads one a record drops),
 - the resourceVersion and uid the executor's guarded writes carry,
 - for a quota, all it has but managedFields and status: the executor replaces a quota with a PUT
   of its record (guarded by its resourceVersion), and a PUT without somebody's label or
@@ -15,7 +15,7 @@ unchanged), with only
   replace of the status subresource, so its record needs no labels or annotations.
 Each record is a fresh copy whose short strings are interned (sys.intern): the keys, the kinds,
 "True", "Ready", a quota's "pods" and the like are then one object shared by every record, not
-one copy per decoded event (about a fifth of a record's memory; bench/cache_memory.py).
+one copy per decoded event (about a fifth of a record's memory; the benchmark's cache_memory).
 """
 
 from __future__ import annotations
