@@ -12,13 +12,13 @@ import subprocess
 import sys
 import tempfile
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))  # fixtures: the TeamSpaces every test builds
 
+import bulk  # noqa: E402  (tests/bulk.py: many TeamSpaces at once)
 import jinja2  # noqa: E402  (ships with ansible-core, in requirements.txt)
 import kubernetes  # noqa: E402
 from fixtures import teamspace  # noqa: E402
@@ -304,33 +304,13 @@ class BenchHost:
     @staticmethod
     def status_done(t: dict) -> bool:
         """Status written for the current generation: the last write of a TeamSpace's pass."""
-        st, m = t.get("status") or {}, t["metadata"]
-        return st.get("observedGeneration") == m["generation"] and st.get("namespace") == f"team-{m['name']}"
+        return bulk.status_done(t)
 
     def converged(self, prefix: str, n: int) -> bool:
-        ts = self.teamspaces(prefix)
-        # The namespaces and quotas are listed only once every status is written (one list per
-        # poll instead of three while the controller is still at work).
-        if len(ts) != n or not all(self.status_done(t) for t in ts):
-            return False
-        nss = {ns["metadata"]["name"]: ns for ns in
-               self.raw("/api/v1/namespaces", {"labelSelector": LABEL})["items"]}
-        quotas = {q["metadata"]["namespace"]: q for q in self.raw(
-            "/api/v1/resourcequotas", {"fieldSelector": "metadata.name=team-quota"})["items"]}
-        for t in ts:
-            m, nsname = t["metadata"], f"team-{t['metadata']['name']}"
-            ns, q = nss.get(nsname), quotas.get(nsname)
-            if ns is None or m["uid"] not in [o["uid"] for o in ns["metadata"].get("ownerReferences", [])]:
-                return False
-            if q is None or q["spec"].get("hard", {}).get("pods") != str(t["spec"]["pods"]):
-                return False
-        return True
+        return bulk.converged(self.api, prefix, n)
 
     def create_teamspaces(self, prefix: str, n: int) -> None:
-        def one(i: int) -> None:
-            self.api.request("POST", f"/apis/{GROUP}/{VERSION}/{PLURAL}", body=new_teamspace(prefix, i))
-        with ThreadPoolExecutor(8) as pool:
-            list(pool.map(one, range(n)))
+        bulk.create(self.api, [new_teamspace(prefix, i) for i in range(n)])
 
     def cleanup(self, prefix: str) -> None:
         """Remove the run's TeamSpaces without a controller (strip finalizers) and wait for the

@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import random
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from host import (
@@ -21,6 +20,7 @@ from host import (
     WRITE_VERBS,
     ApiException,
     BenchHost,
+    bulk,
     log,
     new_teamspace,
     wait,
@@ -100,16 +100,12 @@ def ready_trials(host: BenchHost, ctl: str, prefix: str, trials: int, budget: fl
 
 
 def delete_all(host: BenchHost, ctl: str, prefix: str, n: int, send=None) -> dict:
-    """N TeamSpaces deleted (8 requests in parallel, as they were created) -> every one
+    """N TeamSpaces deleted (bulk.IN_FLIGHT requests at a time, as they were created) -> every one
     archived, released and gone. Besides the time, the server's CPU and who wrote meanwhile."""
     off, cpu0, t0 = host.audit_offset(), host.server_cpu(), time.monotonic()
 
-    def one(i: int) -> None:
-        host.api.request("DELETE", f"/apis/{GROUP}/{VERSION}/{PLURAL}/{prefix}{i:03d}")
-
     if send is None:
-        with ThreadPoolExecutor(8) as pool:
-            list(pool.map(one, range(n)))
+        bulk.delete(host.api, [f"{prefix}{i:03d}" for i in range(n)])
     else:
         send(prefix, n)
     res = {"requests_s": round(time.monotonic() - t0, 3)}
