@@ -11,9 +11,11 @@ The host driver (Host, wait_for, session_host's rules) is tests/hostlib.py's.
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
 import random
+import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -21,7 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 
-from hostlib import Host, wait_for
+from hostlib import ROOT, Host, wait_for
 
 from testhost import instance as instance_mod
 from testhost.common import HostError
@@ -179,6 +181,27 @@ def power_on(host: Host, server: Host) -> float:
     wait_for(lambda: host.kubectl("get", "--raw", "/readyz", check=False).stdout == "ok",
              timeout=60, interval=0.5, what=f"{host.inst.name} reaching {server.inst.name}'s API")
     return time.monotonic() - t0
+
+
+def api_sockets(pids: list[int], port: int) -> set[str]:
+    """Local addresses (IP:PORT) of the established connections of these processes to the API."""
+    out = subprocess.run(["ss", "-Htnp", "state", "established", "dst", f"127.0.0.1:{port}"],
+                         capture_output=True, text=True, check=True, timeout=10).stdout
+    found = set()
+    for line in out.splitlines():
+        if any(f"pid={p}," in line for p in pids):
+            found.add(line.split()[2])
+    return found
+
+
+def cut(sockets: set[str], port: int) -> None:
+    """Destroy these connections to the API (local IP:PORT each) at the socket (ss -K,
+    SOCK_DESTROY: the kernel aborts them as a reset would; the process notices at its next read
+    or write, even one frozen meanwhile)."""
+    for local in sockets:
+        ip, lport = local.rsplit(":", 1)
+        subprocess.run(["ss", "-K", "dst", f"127.0.0.1:{port}", "src", f"{ip}:{lport}"],
+                       capture_output=True, check=True, timeout=10)
 
 
 def lease(host: Host, namespace: str = "cnpa-system", name: str = "cnpa-op") -> dict | None:
@@ -510,3 +533,137 @@ def file_records(hosts: list[Host], uid: str) -> dict[str, int]:
             proc = h.sh(f"grep -l -F '{uid}' {ARCHIVE_DIR}/*.json 2>/dev/null | wc -l", check=False)
             out[h.inst.name] = int(proc.stdout.strip() or 0)
     return out
+
+
+# -- the controller installed on the three hosts, once per session ----------------------------------
+# Every module of this directory shares one install (conftest.py's session fixture `cluster`).
+# This session's run, for names: modules prefix their TeamSpaces with it.
+RUN = f"{int(time.time()) % 46656:x}"
+# The figures the modules measure, never asserted: written to $CNPA_MULTIHOST_REPORT (default
+# /tmp/cnpa-multihost-report.json) at the end of the session, one key per test.
+REPORT: dict = {}
+TOKEN_SECONDS, TOKEN_RENEW = 600, 120
+METRICS = "/var/lib/cnpa-op-metrics/cnpa-op.prom"
+INSTALL = ["-e", f"cnpa_controller_token_duration={TOKEN_SECONDS}",
+           "-e", f"cnpa_controller_token_renew={TOKEN_RENEW}",
+           "-e", f"cnpa_controller_metrics_textfile={METRICS}"]
+
+
+def install(inventory: Path, *extra: str) -> None:
+    env = dict(os.environ, PATH=f"{ROOT / '.venv/bin'}:/usr/bin:/bin", ANSIBLE_FORCE_COLOR="0")
+    proc = subprocess.run([str(ROOT / ".venv/bin/ansible-playbook"), "-i", str(inventory),
+                           str(ROOT / "playbooks/controller.yml"), *INSTALL, *extra],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=900,
+                          check=False)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+
+
+def epoch(rfc3339: str) -> float:
+    return datetime.datetime.fromisoformat(rfc3339.replace("Z", "+00:00")).timestamp()
+
+
+def rfc3339(t: float) -> str:
+    return datetime.datetime.fromtimestamp(t, datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+class Cluster:
+    """The three hosts with the controller installed, what test_watch_faults.py's faults need of
+    them. prefix: that module's TeamSpaces (workloads, probes), wf<run>- (other tests, and earlier
+    runs on reused hosts, may share the hosts)."""
+
+    def __init__(self, hosts: list[Host], since: str, prefix: str = f"wf{RUN}") -> None:
+        self.hosts, self.a, self.since, self.prefix = hosts, hosts[0], since, prefix
+        env = unit(self.a, "Environment")
+        self.archive_configmaps = "CNPA_ARCHIVE_NAMESPACE=" in env
+        # The installed lease duration (the role's cnpa_controller_lease_seconds).
+        self.lease_seconds = int(env.split("CNPA_LEASE_SECONDS=", 1)[1].split()[0])
+        self.workloads: list[Workload] = []
+        self.probes = 0
+
+    def leader(self) -> tuple[Host, str]:
+        ident = wait_for(lambda: holder(self.a), timeout=60, interval=0.5, what="a Lease holder")
+        return host_of(ident, self.hosts), ident
+
+    def lead_elsewhere_than(self, avoid: Host) -> tuple[Host, str]:
+        """The leader, on another host than avoid: if avoid leads, its controller is stopped (it
+        releases the Lease, another takes it) and started again as a follower."""
+        host, ident = self.leader()
+        if host is not avoid:
+            return host, ident
+        avoid.sh("systemctl stop cnpa-op")
+        wait_for(lambda: holder(self.a) not in ("", ident), timeout=60, interval=0.5,
+                 what="another host taking the released Lease")
+        avoid.sh("systemctl start cnpa-op")
+        return self.leader()
+
+    def workload(self, name: str, **bounds) -> Workload:
+        wl = Workload(self.a, f"{self.prefix}-{name}", seed=len(self.workloads), **bounds)
+        self.workloads.append(wl)
+        return wl
+
+    def probe(self) -> tuple[str, int]:
+        """A TeamSpace converged before the fault; returns its name and the next pods value."""
+        self.probes += 1
+        name = f"{self.prefix}-probe{self.probes}"
+        self.a.apply({"apiVersion": f"{GROUP}/v1alpha1", "kind": "TeamSpace",
+                      "metadata": {"name": name}, "spec": {"pods": 3}})
+        wait_for(lambda: self.probe_done(name, 3), timeout=60, interval=0.5,
+                 what=f"{name} converged before the fault")
+        return name, 4
+
+    def probe_change(self, name: str, pods: int) -> float:
+        self.a.kubectl("patch", TS, name, "--type", "merge", "-p", json.dumps({"spec": {"pods": pods}}))
+        return time.time()
+
+    def probe_done(self, name: str, pods: int) -> bool:
+        proc = self.a.kubectl("get", "resourcequota", "team-quota", "-n", f"team-{name}", "-o",
+                              "jsonpath={.spec.hard.pods}", check=False)
+        if proc.returncode or proc.stdout != str(pods):
+            return False
+        t = json.loads(self.a.kubectl("get", TS, name, "-o", "json").stdout)
+        return t.get("status", {}).get("observedGeneration") == t["metadata"]["generation"]
+
+    def wait_probe(self, name: str, pods: int, since: float, *, timeout: float = 90) -> float:
+        wait_for(lambda: self.probe_done(name, pods), timeout=timeout, interval=0.5,
+                 what=f"the change of {name} made at the fault reconciled")
+        return time.time() - since
+
+    def requests(self) -> list[dict]:
+        return controller_requests(self.a)
+
+    def check(self, what: str) -> dict:
+        """Converged (bounded), then nothing lost or duplicated, one writer at a time."""
+        seconds = wait_clean(self.a, self.workloads, self.archive_configmaps, timeout=120,
+                             only=f"{self.prefix}-")
+        violations, takeovers = one_writer(self.requests(), self.since)
+        assert not violations, f"{what}: more than one writer: {violations[:10]}"
+        ours = self.workloads
+        out = {"converged_after_s": round(seconds, 1), "takeovers_so_far": len(takeovers),
+               "workload_ops": sum(len(wl.ops) for wl in ours),
+               "workload_failed_ops": sum(wl.failed for wl in ours),
+               "deleted_so_far": sum(len(wl.deleted) for wl in ours)}
+        return out
+
+    def takeover_after(self, t_fault: float, old: str) -> tuple[float, str]:
+        """Seconds from the fault to the first successful Lease write of another identity, and
+        that identity (from the audit log: the API server's clock, this machine's)."""
+        for e in self.requests():
+            if is_lease_write(e) and ok(e) and e["identity"] != old \
+                    and epoch(e["requestReceivedTimestamp"]) >= t_fault:
+                return epoch(e["requestReceivedTimestamp"]) - t_fault, e["identity"]
+        raise AssertionError(f"no takeover from {old} in the audit log")
+
+    def after_takeover(self, old: str, t_takeover: float) -> list[str]:
+        """What the old identity sent after the takeover other than failed Lease writes and
+        Events about the Lease: must be nothing."""
+        return [f"{e['requestReceivedTimestamp']} {e['verb']} {e['requestURI']} "
+                f"({e.get('responseStatus', {}).get('code')})"
+                for e in self.requests()
+                if e["identity"] == old and epoch(e["requestReceivedTimestamp"]) >= t_takeover
+                and not is_election_news(e) and not (is_lease_write(e) and not ok(e))]
+
+
+def write_report() -> Path:
+    path = Path(os.environ.get("CNPA_MULTIHOST_REPORT", "/tmp/cnpa-multihost-report.json"))
+    path.write_text(json.dumps(REPORT, indent=2) + "\n")
+    return path

@@ -1,7 +1,8 @@
 """The watch controller on three hosts (one Lease, one API server) under faults (issue 13).
 
 playbooks/controller.yml installs it on the three hosts of the `inventory` fixture (watch mode,
-leader election, archive records also as ConfigMaps). Each test then breaks one thing while a
+leader election, archive records also as ConfigMaps; conftest.py's session fixture `cluster`, one
+install shared with the other modules of this directory). Each test then breaks one thing while a
 background workload keeps creating TeamSpaces, editing their quota spec and deleting some, and,
 right at the fault, edits a probe TeamSpace: the change made while the leader is lost.
 After each fault, bounded waits, then:
@@ -26,7 +27,6 @@ playbooks/uninstall.yml on the three hosts, on the state all that left.
 
 from __future__ import annotations
 
-import datetime
 import json
 import os
 import re
@@ -35,161 +35,10 @@ import time
 from pathlib import Path
 
 import mhlib
-import pytest
 from hostlib import ROOT, Host, wait_for
-from mhlib import TS, Workload, holder, host_of, one_writer, unit
+from mhlib import METRICS, TOKEN_SECONDS, TS, api_sockets, cut, holder, host_of, install, unit
 
-# Every TeamSpace of this module's run (other tests, and earlier runs on reused hosts, may share
-# the hosts): wf<run>-.
-PREFIX = f"wf{int(time.time()) % 46656:x}"
-report: dict = {}
-TOKEN_SECONDS, TOKEN_RENEW = 600, 120
-METRICS = "/var/lib/cnpa-op-metrics/cnpa-op.prom"
-INSTALL = ["-e", f"cnpa_controller_token_duration={TOKEN_SECONDS}",
-           "-e", f"cnpa_controller_token_renew={TOKEN_RENEW}",
-           "-e", f"cnpa_controller_metrics_textfile={METRICS}"]
-
-
-def install(inventory: Path, *extra: str) -> None:
-    env = dict(os.environ, PATH=f"{ROOT / '.venv/bin'}:/usr/bin:/bin", ANSIBLE_FORCE_COLOR="0")
-    proc = subprocess.run([str(ROOT / ".venv/bin/ansible-playbook"), "-i", str(inventory),
-                           str(ROOT / "playbooks/controller.yml"), *INSTALL, *extra],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=900,
-                          check=False)
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
-
-
-def epoch(rfc3339: str) -> float:
-    return datetime.datetime.fromisoformat(rfc3339.replace("Z", "+00:00")).timestamp()
-
-
-def rfc3339(t: float) -> str:
-    return datetime.datetime.fromtimestamp(t, datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-
-
-class Cluster:
-    def __init__(self, hosts: list[Host], since: str) -> None:
-        self.hosts, self.a, self.since = hosts, hosts[0], since
-        env = unit(self.a, "Environment")
-        self.archive_configmaps = "CNPA_ARCHIVE_NAMESPACE=" in env
-        # The installed lease duration (the role's cnpa_controller_lease_seconds).
-        self.lease_seconds = int(env.split("CNPA_LEASE_SECONDS=", 1)[1].split()[0])
-        self.workloads: list[Workload] = []
-        self.probes = 0
-
-    def leader(self) -> tuple[Host, str]:
-        ident = wait_for(lambda: holder(self.a), timeout=60, interval=0.5, what="a Lease holder")
-        return host_of(ident, self.hosts), ident
-
-    def lead_elsewhere_than(self, avoid: Host) -> tuple[Host, str]:
-        """The leader, on another host than avoid: if avoid leads, its controller is stopped (it
-        releases the Lease, another takes it) and started again as a follower."""
-        host, ident = self.leader()
-        if host is not avoid:
-            return host, ident
-        avoid.sh("systemctl stop cnpa-op")
-        wait_for(lambda: holder(self.a) not in ("", ident), timeout=60, interval=0.5,
-                 what="another host taking the released Lease")
-        avoid.sh("systemctl start cnpa-op")
-        return self.leader()
-
-    def workload(self, name: str, **bounds) -> Workload:
-        wl = Workload(self.a, f"{PREFIX}-{name}", seed=len(self.workloads), **bounds)
-        self.workloads.append(wl)
-        return wl
-
-    def probe(self) -> tuple[str, int]:
-        """A TeamSpace converged before the fault; returns its name and the next pods value."""
-        self.probes += 1
-        name = f"{PREFIX}-probe{self.probes}"
-        self.a.apply({"apiVersion": f"{mhlib.GROUP}/v1alpha1", "kind": "TeamSpace",
-                      "metadata": {"name": name}, "spec": {"pods": 3}})
-        wait_for(lambda: self.probe_done(name, 3), timeout=60, interval=0.5,
-                 what=f"{name} converged before the fault")
-        return name, 4
-
-    def probe_change(self, name: str, pods: int) -> float:
-        self.a.kubectl("patch", TS, name, "--type", "merge", "-p", json.dumps({"spec": {"pods": pods}}))
-        return time.time()
-
-    def probe_done(self, name: str, pods: int) -> bool:
-        proc = self.a.kubectl("get", "resourcequota", "team-quota", "-n", f"team-{name}", "-o",
-                              "jsonpath={.spec.hard.pods}", check=False)
-        if proc.returncode or proc.stdout != str(pods):
-            return False
-        t = json.loads(self.a.kubectl("get", TS, name, "-o", "json").stdout)
-        return t.get("status", {}).get("observedGeneration") == t["metadata"]["generation"]
-
-    def wait_probe(self, name: str, pods: int, since: float, *, timeout: float = 90) -> float:
-        wait_for(lambda: self.probe_done(name, pods), timeout=timeout, interval=0.5,
-                 what=f"the change of {name} made at the fault reconciled")
-        return time.time() - since
-
-    def requests(self) -> list[dict]:
-        return mhlib.controller_requests(self.a)
-
-    def check(self, what: str) -> dict:
-        """Converged (bounded), then nothing lost or duplicated, one writer at a time."""
-        seconds = mhlib.wait_clean(self.a, self.workloads, self.archive_configmaps, timeout=120,
-                                   only=f"{PREFIX}-")
-        violations, takeovers = one_writer(self.requests(), self.since)
-        assert not violations, f"{what}: more than one writer: {violations[:10]}"
-        ours = self.workloads
-        out = {"converged_after_s": round(seconds, 1), "takeovers_so_far": len(takeovers),
-               "workload_ops": sum(len(wl.ops) for wl in ours),
-               "workload_failed_ops": sum(wl.failed for wl in ours),
-               "deleted_so_far": sum(len(wl.deleted) for wl in ours)}
-        return out
-
-    def takeover_after(self, t_fault: float, old: str) -> tuple[float, str]:
-        """Seconds from the fault to the first successful Lease write of another identity, and
-        that identity (from the audit log: the API server's clock, this machine's)."""
-        for e in self.requests():
-            if mhlib.is_lease_write(e) and mhlib.ok(e) and e["identity"] != old \
-                    and epoch(e["requestReceivedTimestamp"]) >= t_fault:
-                return epoch(e["requestReceivedTimestamp"]) - t_fault, e["identity"]
-        raise AssertionError(f"no takeover from {old} in the audit log")
-
-    def after_takeover(self, old: str, t_takeover: float) -> list[str]:
-        """What the old identity sent after the takeover other than failed Lease writes and
-        Events about the Lease: must be nothing."""
-        return [f"{e['requestReceivedTimestamp']} {e['verb']} {e['requestURI']} "
-                f"({e.get('responseStatus', {}).get('code')})"
-                for e in self.requests()
-                if e["identity"] == old and epoch(e["requestReceivedTimestamp"]) >= t_takeover
-                and not mhlib.is_election_news(e) and not (mhlib.is_lease_write(e) and not mhlib.ok(e))]
-
-
-@pytest.fixture(scope="module")
-def cluster(hosts, inventory):
-    since = rfc3339(time.time())
-    t0 = time.monotonic()
-    # CNPA_MULTIHOST_INSTALLED=1 (with CNPA_MULTIHOST_REUSE=1, while developing): hosts on which
-    # this playbook ran already.
-    if os.environ.get("CNPA_MULTIHOST_INSTALLED") != "1":
-        install(inventory)
-    report["install_s"] = round(time.monotonic() - t0, 1)
-    for h in hosts:
-        wait_for(lambda h=h: unit(h, "ActiveState") == "active", timeout=60, interval=0.5,
-                 what=f"cnpa-op active on {h.inst.name}")
-    c = Cluster(hosts, since)
-    assert c.archive_configmaps, "the unit does not set CNPA_ARCHIVE_NAMESPACE"
-    c.leader()
-    yield c
-    path = Path(os.environ.get("CNPA_MULTIHOST_REPORT", "/tmp/cnpa-multihost-report.json"))
-    path.write_text(json.dumps(report, indent=2) + "\n")
-    print(f"\nmulti-host fault measurements: {path}\n{json.dumps(report, indent=2)}")
-
-
-def api_sockets(pids: list[int], port: int) -> set[str]:
-    """Local addresses (IP:PORT) of the established connections of these processes to the API."""
-    out = subprocess.run(["ss", "-Htnp", "state", "established", "dst", f"127.0.0.1:{port}"],
-                         capture_output=True, text=True, check=True, timeout=10).stdout
-    found = set()
-    for line in out.splitlines():
-        if any(f"pid={p}," in line for p in pids):
-            found.add(line.split()[2])
-    return found
+report = mhlib.REPORT  # written at the end of the session (conftest.py's cluster)
 
 
 def test_watches_cut(cluster):
@@ -205,10 +54,7 @@ def test_watches_cut(cluster):
         pids = mhlib.unit_pids(leader.inst)
         before = api_sockets(pids, port)
         assert len(before) >= 3, f"{leader.inst.name}'s controller {pids}: connections {before}"
-        for local in before:
-            ip, lport = local.rsplit(":", 1)
-            subprocess.run(["ss", "-K", "dst", f"127.0.0.1:{port}", "src", f"{ip}:{lport}"],
-                           capture_output=True, check=True, timeout=10)
+        cut(before, port)
         t_fault = c.probe_change(name, pods)
         # The very sockets are gone (the cut happened), the same process lives on.
         assert not before & api_sockets(pids, port)
