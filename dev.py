@@ -146,6 +146,7 @@ def lint() -> int:
 # stretches one test that runs on every commit in a short form.
 LONG_FORMS = {
     "CNPA_SOAK_SECONDS": "1800",   # tests/multihost/test_watch_faults.py::test_soak, 30 min
+    "CNPA_CHAOS_N": "5000",        # tests/multihost/test_watch_chaos.py at N = 5,000
 }
 # pytest-xdist workers: the host tests mostly wait on their hosts (Ansible runs, API server
 # restarts, timed faults), so more workers than cores still shorten the run (docs/figures.md).

@@ -11,14 +11,14 @@ import shutil
 import subprocess
 import tempfile
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import jinja2  # (ships with ansible-core, in requirements.txt)
 import kubernetes
 from kubernetes.client.rest import ApiException
 
-from bench.method import CLIENT_IN_FLIGHT, FLOOR_IN_FLIGHT
+from bench import bulk
+from bench.method import FLOOR_IN_FLIGHT
 from cnpa_controller import Api, ApiError
 from cnpa_controller.api import connect
 from cnpa_controller.config import Settings
@@ -286,33 +286,13 @@ class BenchHost:
     @staticmethod
     def status_done(t: dict) -> bool:
         """Status written for the current generation: the last write of a TeamSpace's pass."""
-        st, m = t.get("status") or {}, t["metadata"]
-        return st.get("observedGeneration") == m["generation"] and st.get("namespace") == f"team-{m['name']}"
+        return bulk.status_done(t)
 
     def converged(self, prefix: str, n: int) -> bool:
-        ts = self.teamspaces(prefix)
-        # The namespaces and quotas are listed only once every status is written (one list per
-        # poll instead of three while the controller is still at work).
-        if len(ts) != n or not all(self.status_done(t) for t in ts):
-            return False
-        nss = {ns["metadata"]["name"]: ns for ns in
-               self.raw("/api/v1/namespaces", {"labelSelector": LABEL})["items"]}
-        quotas = {q["metadata"]["namespace"]: q for q in self.raw(
-            "/api/v1/resourcequotas", {"fieldSelector": "metadata.name=team-quota"})["items"]}
-        for t in ts:
-            m, nsname = t["metadata"], f"team-{t['metadata']['name']}"
-            ns, q = nss.get(nsname), quotas.get(nsname)
-            if ns is None or m["uid"] not in [o["uid"] for o in ns["metadata"].get("ownerReferences", [])]:
-                return False
-            if q is None or q["spec"].get("hard", {}).get("pods") != str(t["spec"]["pods"]):
-                return False
-        return True
+        return bulk.converged(self.api, prefix, n)
 
     def create_teamspaces(self, prefix: str, n: int) -> None:
-        def one(i: int) -> None:
-            self.api.request("POST", f"/apis/{GROUP}/{VERSION}/{PLURAL}", body=new_teamspace(prefix, i))
-        with ThreadPoolExecutor(CLIENT_IN_FLIGHT) as pool:
-            list(pool.map(one, range(n)))
+        bulk.create(self.api, [new_teamspace(prefix, i) for i in range(n)])
 
     def cleanup(self, prefix: str) -> None:
         """Remove the run's TeamSpaces without a controller (strip finalizers) and wait for the

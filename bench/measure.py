@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import random
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from bench.host import (
@@ -16,11 +15,12 @@ from bench.host import (
     WRITE_VERBS,
     ApiException,
     BenchHost,
+    bulk,
     log,
     new_teamspace,
     wait,
 )
-from bench.method import CLIENT_IN_FLIGHT, IDLE_WINDOW, PERIOD, POLL, QUIET_BOUND, QUIET_FOR
+from bench.method import IDLE_WINDOW, PERIOD, POLL, QUIET_BOUND, QUIET_FOR
 
 
 def usage(pid: int) -> tuple[float, float]:
@@ -96,16 +96,12 @@ def ready_trials(host: BenchHost, ctl: str, prefix: str, trials: int, budget: fl
 
 
 def delete_all(host: BenchHost, ctl: str, prefix: str, n: int, send=None) -> dict:
-    """N TeamSpaces deleted (8 requests in parallel, as they were created) -> every one
+    """N TeamSpaces deleted (bulk.IN_FLIGHT requests at a time, as they were created) -> every one
     archived, released and gone. Besides the time, the server's CPU and who wrote meanwhile."""
     off, cpu0, t0 = host.audit_offset(), host.server_cpu(), time.monotonic()
 
-    def one(i: int) -> None:
-        host.api.request("DELETE", f"/apis/{GROUP}/{VERSION}/{PLURAL}/{prefix}{i:03d}")
-
     if send is None:
-        with ThreadPoolExecutor(CLIENT_IN_FLIGHT) as pool:
-            list(pool.map(one, range(n)))
+        bulk.delete(host.api, [f"{prefix}{i:03d}" for i in range(n)])
     else:
         send(prefix, n)
     res = {"requests_s": round(time.monotonic() - t0, 3)}

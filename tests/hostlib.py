@@ -56,6 +56,27 @@ class Host:
 
 
 
+def compactions(host: Host) -> int:
+    """host's API server's Compact calls to its datastore so far (0 before the first)."""
+    out = host.sh("kubectl get --raw /metrics | grep '^grpc_client_handled_total{.*\"Compact\"'",
+                  check=False).stdout
+    return sum(int(float(line.rsplit(" ", 1)[1])) for line in out.splitlines())
+
+
+def kine_revisions(host: Host) -> tuple[int, int]:
+    """(newest revision, compacted revision) of host's kine, read in its SQLite database
+    (read-only). Compacted: every revision up to it is gone, which kine's compaction records as
+    the prev_revision of its row compact_rev_key (kine's drivers/generic CompactRevSQL); it keeps
+    its newest 1000 revisions whatever the API server asks for."""
+    script = (
+        "import sqlite3, sys\n"
+        f"db = sqlite3.connect('file:{instance_mod.KINE_DB}?mode=ro', uri=True)\n"
+        "one = lambda q: db.execute(q).fetchone()[0] or 0\n"
+        "print(one('select max(id) from kine'),\n"
+        "      one(\"select max(prev_revision) from kine where name = 'compact_rev_key'\"))\n")
+    newest, compacted = host.inst.exec(["python3", "-c", script]).stdout.split()
+    return int(newest), int(compacted)
+
 def recap(text: str, name: str) -> dict[str, int]:
     """The counts (ok, changed, failed, ...) of host name's line in an ansible-playbook recap."""
     line = re.search(rf"^{re.escape(name)}\s*:\s*(.*)$", text, re.MULTILINE)

@@ -15,7 +15,7 @@ import os
 import uuid
 
 import pytest
-from hostlib import Host, session_host, wait_for
+from hostlib import Host, compactions, session_host, wait_for
 
 from testhost import instance as instance_mod
 
@@ -68,18 +68,11 @@ def _in_etcd(host: Host, key: str) -> int:
     return int(json.loads(out).get("count", 0))
 
 
-def _compactions(host: Host) -> int:
-    """The API server's Compact calls to its datastore so far (0 before the first)."""
-    out = host.sh("kubectl get --raw /metrics | grep '^grpc_client_handled_total{.*\"Compact\"'",
-                  check=False).stdout
-    return sum(int(float(line.rsplit(" ", 1)[1])) for line in out.splitlines())
-
-
 def _after_compactions(host: Host, count: int) -> None:
     """Wait for count more Compact calls. The API server's call k compacts to the revision that
     call k-1 saw: two calls after a write, that write's revision is asked to be compacted."""
-    first = _compactions(host)
-    wait_for(lambda: _compactions(host) >= first + count, timeout=count * COMPACTION_SECONDS + 60,
+    first = compactions(host)
+    wait_for(lambda: compactions(host) >= first + count, timeout=count * COMPACTION_SECONDS + 60,
              interval=1, what=f"{count} compactions by the API server")
 
 

@@ -6,11 +6,10 @@ kubeconfig at the roles' cnpa_kubeconfig path, their own control plane stopped (
 Fresh hosts, destroyed at the end; with CNPA_MULTIHOST_REUSE=1 three running hosts of those names
 are used and left running (handy while developing).
 `inventory`: an INI inventory whose group k3s holds the three hosts over real SSH.
-`cluster`: playbooks/controller.yml run once on them (watch mode, one Lease; mhlib.install), for
-every module that asks for it, in file order: test_lab_three_hosts.py, which needs a fresh cluster
-and does not ask, runs first; test_watch_faults.py, whose last test uninstalls, last.
-CNPA_MULTIHOST_INSTALLED=1 (with CNPA_MULTIHOST_REUSE=1, while developing): hosts on which that
-playbook ran already.
+`cluster`: playbooks/controller.yml installed on the three (watch mode, leader election, archive
+records also as ConfigMaps), once for every module that asks for it (mhlib.Cluster); the first
+module to ask installs it, after test_lab_three_hosts.py (file order), which needs a fresh cluster.
+At the end of the session the modules' figures go to $CNPA_MULTIHOST_REPORT (mhlib.write_report).
 
 Datastore: the test host's default, kine (SQLite; CNPA_TESTHOST_DATASTORE chooses another). k3s
 runs HA on an external SQL datastore through kine as well as on embedded etcd; etcd is covered
@@ -27,7 +26,17 @@ from pathlib import Path
 
 import pytest
 from hostlib import wait_for
-from mhlib import Cluster, host_names, install, report, rfc3339, three_hosts, unit, write_inventory
+from mhlib import (
+    REPORT,
+    Cluster,
+    host_names,
+    install,
+    rfc3339,
+    three_hosts,
+    unit,
+    write_inventory,
+    write_report,
+)
 
 
 @pytest.fixture(scope="session")
@@ -47,9 +56,11 @@ def inventory(hosts, tmp_path_factory) -> Path:
 def cluster(hosts, inventory):
     since = rfc3339(time.time())
     t0 = time.monotonic()
+    # CNPA_MULTIHOST_INSTALLED=1 (with CNPA_MULTIHOST_REUSE=1, while developing): hosts on which
+    # this playbook ran already.
     if os.environ.get("CNPA_MULTIHOST_INSTALLED") != "1":
         install(inventory)
-    report["install_s"] = round(time.monotonic() - t0, 1)
+    REPORT["install_s"] = round(time.monotonic() - t0, 1)
     for h in hosts:
         wait_for(lambda h=h: unit(h, "ActiveState") == "active", timeout=60, interval=0.5,
                  what=f"cnpa-op active on {h.inst.name}")
@@ -57,6 +68,5 @@ def cluster(hosts, inventory):
     assert c.archive_configmaps, "the unit does not set CNPA_ARCHIVE_NAMESPACE"
     c.leader()
     yield c
-    path = Path(os.environ.get("CNPA_MULTIHOST_REPORT", "/tmp/cnpa-multihost-report.json"))
-    path.write_text(json.dumps(report, indent=2) + "\n")
-    print(f"\nmulti-host measurements: {path}\n{json.dumps(report, indent=2)}")
+    path = write_report()
+    print(f"\nmulti-host measurements: {path}\n{json.dumps(REPORT, indent=2)}")

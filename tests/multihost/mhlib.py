@@ -15,6 +15,7 @@ import datetime
 import json
 import os
 import random
+import re
 import subprocess
 import threading
 import time
@@ -23,7 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 
-from hostlib import ROOT, Host, wait_for
+from hostlib import ROOT, Host, http_get, wait_for
 
 from testhost import instance as instance_mod
 from testhost.common import HostError
@@ -183,6 +184,27 @@ def power_on(host: Host, server: Host) -> float:
     return time.monotonic() - t0
 
 
+def api_sockets(pids: list[int], port: int) -> set[str]:
+    """Local addresses (IP:PORT) of the established connections of these processes to the API."""
+    out = subprocess.run(["ss", "-Htnp", "state", "established", "dst", f"127.0.0.1:{port}"],
+                         capture_output=True, text=True, check=True, timeout=10).stdout
+    found = set()
+    for line in out.splitlines():
+        if any(f"pid={p}," in line for p in pids):
+            found.add(line.split()[2])
+    return found
+
+
+def cut(sockets: set[str], port: int) -> None:
+    """Destroy these connections to the API (local IP:PORT each) at the socket (ss -K,
+    SOCK_DESTROY: the kernel aborts them as a reset would; the process notices at its next read
+    or write, even one frozen meanwhile)."""
+    for local in sockets:
+        ip, lport = local.rsplit(":", 1)
+        subprocess.run(["ss", "-K", "dst", f"127.0.0.1:{port}", "src", f"{ip}:{lport}"],
+                       capture_output=True, check=True, timeout=10)
+
+
 def lease(host: Host, namespace: str = "cnpa-system", name: str = "cnpa-op") -> dict | None:
     proc = host.kubectl("get", "lease", name, "-n", namespace, "-o", "json", check=False)
     return json.loads(proc.stdout) if proc.returncode == 0 else None
@@ -229,23 +251,85 @@ def unit_pids(inst: Instance) -> list[int]:
     return sorted(pids)
 
 
+def metrics_of(host: Host) -> dict[str, float]:
+    """The installed controller's /metrics on host, served on the loopback port its inventory line
+    gives it (cnpa_controller_metrics_address): 'name{label="value",...}' -> value, labels sorted."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    status, text = http_get(host.inst.ports["metrics"], "/metrics")
+    assert status == 200, f"{host.inst.name}'s controller /metrics answered {status}"
+    out = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            labels = ",".join(f'{k}="{v}"' for k, v in sorted(sample.labels.items()))
+            out[f"{sample.name}{{{labels}}}"] = sample.value
+    return out
+
+
+def summed(metrics: dict[str, float], name: str, **labels: str) -> float:
+    """The sum of a metric's series that carry these labels."""
+    want = [f'{k}="{v}"' for k, v in labels.items()]
+    return sum(v for k, v in metrics.items()
+               if k.split("{", 1)[0] == name and all(w in k for w in want))
+
+
+def controller_ready(host: Host) -> bool:
+    """The installed controller's /readyz answers 200 (its caches synced and not stale)."""
+    return http_get(host.inst.ports["metrics"], "/readyz")[0] == 200
+
+
 # -- the audit log: who wrote, and when -----------------------------------------------------------
+# testhost's kube-apiserver.service writes it (--audit-log-path), one line per write request, and
+# rotates it at 200 MB (--audit-log-maxsize) into audit-TIME.log beside it: thousands of
+# TeamSpaces (test_watch_chaos.py's long form) fill more than one file.
+AUDIT_LOG = "var/log/kubernetes/audit.log"
+# What the checks read of a line; the rest (user, sourceIPs, annotations, stage times) is dropped
+# as each line is read, so memory grows with the controllers' writes, not with the log.
+_AUDIT_KEYS = ("verb", "requestURI", "requestReceivedTimestamp", "objectRef", "responseStatus",
+               "userAgent")
+
+
+def audit_files(admin: Host) -> list[Path]:
+    """admin's audit log files, oldest first: the rotated ones (named by the time they were
+    rotated, so their names sort by time), then the current one. Read in the host's rootfs on
+    this machine: a test host is a directory here."""
+    current = admin.inst.root / AUDIT_LOG
+    return [*sorted(current.parent.glob("audit-*.log")), current]
+
+
 def controller_requests(admin: Host, since: str = "") -> list[dict]:
     """Write requests of any controller process (userAgent cnpa-controller/IDENTITY) at or after
-    an RFC 3339 time, in the order the API server received them."""
+    an RFC 3339 time, in the order the API server received them. Streamed: a line is decoded
+    only when it names a controller's user agent, and only _AUDIT_KEYS are kept."""
+    needle = f'"userAgent":"{AGENT}'.encode()
     out = []
-    for e in admin.audit_lines():
-        agent = e.get("userAgent", "")
-        if (agent.startswith(AGENT) and e.get("verb") in WRITES
-                and e.get("requestReceivedTimestamp", "") >= since):
-            e["identity"] = agent[len(AGENT):].split(" ", 1)[0]
-            out.append(e)
+    for path in audit_files(admin):
+        try:
+            fh = open(path, "rb")  # noqa: SIM115 - closed below; rotated away meanwhile: skipped
+        except FileNotFoundError:
+            continue
+        with fh:
+            for line in fh:
+                if needle not in line:
+                    continue
+                try:
+                    e = json.loads(line)
+                except ValueError:
+                    continue  # the line the API server is writing right now
+                agent = e.get("userAgent", "")
+                if (agent.startswith(AGENT) and e.get("verb") in WRITES
+                        and e.get("requestReceivedTimestamp", "") >= since):
+                    e = {k: e[k] for k in _AUDIT_KEYS if k in e}
+                    e["identity"] = agent[len(AGENT):].split(" ", 1)[0]
+                    out.append(e)
     return sorted(out, key=lambda e: e["requestReceivedTimestamp"])
 
 
-def written_teamspaces(admin: Host) -> set[str]:
-    """Names of the TeamSpaces any controller process wrote successfully (audit log)."""
-    return {e["objectRef"]["name"] for e in controller_requests(admin)
+def written_teamspaces(admin: Host, requests: list[dict] | None = None) -> set[str]:
+    """Names of the TeamSpaces any controller process wrote successfully (audit log, or
+    controller_requests() already read)."""
+    return {e["objectRef"]["name"]
+            for e in (controller_requests(admin) if requests is None else requests)
             if e.get("objectRef", {}).get("resource") == "teamspaces" and ok(e)}
 
 
@@ -406,6 +490,19 @@ def snapshot(admin: Host) -> dict:
             "quotas": by_kind["ResourceQuota"], "archives": cms}
 
 
+def snapshot_api(api) -> dict:
+    """snapshot() through an Api (cnpa_controller's, e.g. bench/bulk.py's admin client): plain
+    dicts, no kubectl, for thousands of TeamSpaces. Each kind in one list (no pages: a continue
+    token can expire between pages where compaction is frequent)."""
+    def items(path: str, **query: str) -> list:
+        return api.request("GET", path, query=query or None)["items"]
+    return {"teamspaces": items(f"/apis/{GROUP}/v1alpha1/teamspaces"),
+            "namespaces": items("/api/v1/namespaces"),
+            "quotas": items("/api/v1/resourcequotas"),
+            "archives": items(f"/api/v1/namespaces/{LEASE_NS}/configmaps",
+                              labelSelector=ARCHIVE_LABEL)}
+
+
 def problems(snap: dict, workloads: list[Workload], archive_configmaps: bool,
              only: str = "", finalized: set[str] | None = None) -> list[str]:
     """Everything that is not as it must be once the controller has caught up (empty: all well).
@@ -424,6 +521,12 @@ def problems(snap: dict, workloads: list[Workload], archive_configmaps: bool,
     quotas: dict[str, list] = {}
     for q in snap["quotas"]:
         quotas.setdefault(q["metadata"]["namespace"], []).append(q)
+    # Namespaces by the uids of their owners, once: thousands of deleted uids each scanning
+    # thousands of namespaces took minutes.
+    owned_by: dict[str, list[str]] = {}
+    for n in snap["namespaces"]:
+        for uid in {r.get("uid") for r in n["metadata"].get("ownerReferences", [])}:
+            owned_by.setdefault(uid, []).append(n["metadata"]["name"])
     for name, t in sorted(live.items()):
         meta, st = t["metadata"], t.get("status") or {}
         if meta.get("deletionTimestamp"):
@@ -468,8 +571,7 @@ def problems(snap: dict, workloads: list[Workload], archive_configmaps: bool,
         for uid, name in sorted(gone.items()):
             if uid in uids:
                 out.append(f"{name} ({uid}) deleted but still there")
-            owned = [n["metadata"]["name"] for n in snap["namespaces"]
-                     if uid in [r.get("uid") for r in n["metadata"].get("ownerReferences", [])]]
+            owned = owned_by.get(uid, [])
             if owned:
                 out.append(f"{name} ({uid}) deleted but its namespace {owned} is still there")
             records = archived.get(uid, [])
@@ -503,26 +605,43 @@ def wait_clean(admin: Host, workloads: list[Workload], archive_configmaps: bool,
     return time.monotonic() - t0
 
 
-def file_records(hosts: list[Host], uid: str) -> dict[str, int]:
-    """How many archive files on each host record this uid (reconcile.sh's and the executor's
-    NAME.json / NAME.UID.json)."""
-    out = {}
+_UID = re.compile(rb"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+
+
+def archive_files(hosts: list[Host]) -> dict[str, dict[str, int]]:
+    """uid -> {host: how many of its archive files (reconcile.sh's and the executor's NAME.json /
+    NAME.UID.json, and a record kept aside) hold that uid}, for every uid any running host's
+    archive holds. Read in each host's rootfs on this machine, every file once."""
+    out: dict[str, dict[str, int]] = {}
     for h in hosts:
-        if h.inst.running():
-            proc = h.sh(f"grep -l -F '{uid}' {ARCHIVE_DIR}/*.json 2>/dev/null | wc -l", check=False)
-            out[h.inst.name] = int(proc.stdout.strip() or 0)
+        if not h.inst.running():
+            continue
+        for f in (h.inst.root / ARCHIVE_DIR.lstrip("/")).glob("*.json"):
+            try:
+                uids = set(_UID.findall(f.read_bytes()))
+            except FileNotFoundError:
+                continue  # replaced meanwhile (temporary file renamed)
+            for uid in uids:
+                held = out.setdefault(uid.decode(), {})
+                held[h.inst.name] = held.get(h.inst.name, 0) + 1
     return out
 
 
-# -- the watch controller on the three hosts, installed once (the `cluster` fixture) -------------
-# playbooks/controller.yml with tokens valid 600 s (the shortest TokenRequest allows), renewed every
-# 120 s, and a metrics textfile beside /metrics. Every module that asks for the session's `cluster`
-# (conftest.py) shares that install, in file order; their measurements go to `report`, written
-# at the session's end.
-# The fault tests' TeamSpaces (other tests, and earlier runs on reused hosts, may share the
-# hosts): wf<run>-.
-PREFIX = f"wf{int(time.time()) % 46656:x}"
-report: dict = {}
+def file_records(hosts: list[Host], uid: str) -> dict[str, int]:
+    """How many archive files on each running host record this uid."""
+    held = archive_files(hosts).get(uid, {})
+    return {h.inst.name: held.get(h.inst.name, 0) for h in hosts if h.inst.running()}
+
+
+# -- the controller installed on the three hosts, once per session ----------------------------------
+# Every module of this directory shares one install (conftest.py's session fixture `cluster`).
+# This session's run, for names: modules prefix their TeamSpaces with it.
+RUN = f"{int(time.time()) % 46656:x}"
+# test_watch_faults.py's and test_monitoring.py's TeamSpaces.
+PREFIX = f"wf{RUN}"
+# The figures the modules measure, never asserted: written to $CNPA_MULTIHOST_REPORT (default
+# /tmp/cnpa-multihost-report.json) at the end of the session, one key per test.
+REPORT: dict = {}
 TOKEN_SECONDS, TOKEN_RENEW = 600, 120
 METRICS = "/var/lib/cnpa-op-metrics/cnpa-op.prom"
 INSTALL = ["-e", f"cnpa_controller_token_duration={TOKEN_SECONDS}",
@@ -548,10 +667,12 @@ def rfc3339(t: float) -> str:
 
 
 class Cluster:
-    """The three hosts with the watch controller installed, and what the fault tests ask of them."""
+    """The three hosts with the controller installed, what test_watch_faults.py's faults need of
+    them. prefix: that module's TeamSpaces (workloads, probes), wf<run>- (other tests, and earlier
+    runs on reused hosts, may share the hosts)."""
 
-    def __init__(self, hosts: list[Host], since: str) -> None:
-        self.hosts, self.a, self.since = hosts, hosts[0], since
+    def __init__(self, hosts: list[Host], since: str, prefix: str = f"wf{RUN}") -> None:
+        self.hosts, self.a, self.since, self.prefix = hosts, hosts[0], since, prefix
         env = unit(self.a, "Environment")
         self.archive_configmaps = "CNPA_ARCHIVE_NAMESPACE=" in env
         # The installed lease duration (the role's cnpa_controller_lease_seconds).
@@ -576,14 +697,14 @@ class Cluster:
         return self.leader()
 
     def workload(self, name: str, **bounds) -> Workload:
-        wl = Workload(self.a, f"{PREFIX}-{name}", seed=len(self.workloads), **bounds)
+        wl = Workload(self.a, f"{self.prefix}-{name}", seed=len(self.workloads), **bounds)
         self.workloads.append(wl)
         return wl
 
     def probe(self) -> tuple[str, int]:
         """A TeamSpace converged before the fault; returns its name and the next pods value."""
         self.probes += 1
-        name = f"{PREFIX}-probe{self.probes}"
+        name = f"{self.prefix}-probe{self.probes}"
         self.a.apply({"apiVersion": f"{GROUP}/v1alpha1", "kind": "TeamSpace",
                       "metadata": {"name": name}, "spec": {"pods": 3}})
         wait_for(lambda: self.probe_done(name, 3), timeout=60, interval=0.5,
@@ -613,7 +734,7 @@ class Cluster:
     def check(self, what: str) -> dict:
         """Converged (bounded), then nothing lost or duplicated, one writer at a time."""
         seconds = wait_clean(self.a, self.workloads, self.archive_configmaps, timeout=120,
-                                   only=f"{PREFIX}-")
+                             only=f"{self.prefix}-")
         violations, takeovers = one_writer(self.requests(), self.since)
         assert not violations, f"{what}: more than one writer: {violations[:10]}"
         ours = self.workloads
@@ -623,45 +744,41 @@ class Cluster:
                "deleted_so_far": sum(len(wl.deleted) for wl in ours)}
         return out
 
-    def takeover_after(self, t_fault: float, old: str) -> tuple[float, str]:
+    def takeover_after(self, t_fault: float, old: str,
+                       requests: list[dict] | None = None) -> tuple[float, str]:
         """Seconds from the fault to the first successful Lease write of another identity, and
-        that identity (from the audit log: the API server's clock, this machine's)."""
-        for e in self.requests():
+        that identity (from the audit log: the API server's clock, this machine's). requests:
+        controller_requests() already read (thousands of TeamSpaces make a long log)."""
+        for e in self.requests() if requests is None else requests:
             if is_lease_write(e) and ok(e) and e["identity"] != old \
                     and epoch(e["requestReceivedTimestamp"]) >= t_fault:
                 return epoch(e["requestReceivedTimestamp"]) - t_fault, e["identity"]
         raise AssertionError(f"no takeover from {old} in the audit log")
 
-    def after_takeover(self, old: str, t_takeover: float) -> list[str]:
+    def after_takeover(self, old: str, t_takeover: float,
+                       requests: list[dict] | None = None) -> list[str]:
         """What the old identity sent after the takeover other than failed Lease writes and
         Events about the Lease: must be nothing."""
         return [f"{e['requestReceivedTimestamp']} {e['verb']} {e['requestURI']} "
                 f"({e.get('responseStatus', {}).get('code')})"
-                for e in self.requests()
+                for e in (self.requests() if requests is None else requests)
                 if e["identity"] == old and epoch(e["requestReceivedTimestamp"]) >= t_takeover
                 and not is_election_news(e) and not (is_lease_write(e) and not ok(e))]
 
 
-def api_sockets(pids: list[int], port: int) -> set[str]:
-    """Local addresses (IP:PORT) of the established connections of these processes to the API."""
-    out = subprocess.run(["ss", "-Htnp", "state", "established", "dst", f"127.0.0.1:{port}"],
-                         capture_output=True, text=True, check=True, timeout=10).stdout
-    found = set()
-    for line in out.splitlines():
-        if any(f"pid={p}," in line for p in pids):
-            found.add(line.split()[2])
-    return found
-
-
 def cut_api_connections(hosts: list[Host], port: int) -> int:
     """Destroy every established connection of these hosts' cnpa-op units to the API server on
-    127.0.0.1:port (ss -K, SOCK_DESTROY: the kernel aborts them as a reset would; found by the
-    unit's cgroup, nothing else touched): their watches break. How many were cut."""
-    cut = 0
+    127.0.0.1:port (found by the unit's cgroup, nothing else touched): their watches break. How
+    many were cut."""
+    n = 0
     for h in hosts:
-        for local in api_sockets(unit_pids(h.inst), port):
-            ip, lport = local.rsplit(":", 1)
-            subprocess.run(["ss", "-K", "dst", f"127.0.0.1:{port}", "src", f"{ip}:{lport}"],
-                           capture_output=True, check=True, timeout=10)
-            cut += 1
-    return cut
+        sockets = api_sockets(unit_pids(h.inst), port)
+        cut(sockets, port)
+        n += len(sockets)
+    return n
+
+
+def write_report() -> Path:
+    path = Path(os.environ.get("CNPA_MULTIHOST_REPORT", "/tmp/cnpa-multihost-report.json"))
+    path.write_text(json.dumps(REPORT, indent=2) + "\n")
+    return path

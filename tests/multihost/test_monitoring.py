@@ -42,7 +42,7 @@ from pathlib import Path
 import mhlib
 import yaml
 from hostlib import Host, http_get, wait_for
-from mhlib import GROUP, TS, holder, host_of, report, unit
+from mhlib import GROUP, REPORT, TS, holder, host_of, unit
 from promlib import ALERTS, Prometheus, dashboard, dashboard_targets, queries, scraped, substitute, unknown
 
 from cnpa_controller.cache import Informer
@@ -342,7 +342,7 @@ def test_never_blind_while_ready(cluster, tmp_path):
                        for r in ("teamspaces", "namespaces", "resourcequotas")), h.inst.name
     finally:
         prom.stop()
-    report.setdefault("monitoring", {})["never_blind"] = out
+    REPORT.setdefault("monitoring", {})["never_blind"] = out
     print(f"never blind while ready: {out}")
 
 
@@ -407,7 +407,7 @@ def test_every_series_monitoring_names_is_on_each_installed_unit(cluster):
     finally:
         _delete_foreign(a, foreign)
         start_units([h for h in c.hosts if h not in running])
-    report.setdefault("monitoring", {})["series_per_unit_s"] = seconds
+    REPORT.setdefault("monitoring", {})["series_per_unit_s"] = seconds
     print(f"each unit led, worked and had every series: {seconds}")
 
 
@@ -562,7 +562,7 @@ def test_every_panel_has_data_and_the_alerts_fire_where_they_should(cluster, tmp
         prom.stop()
         _delete_foreign(a, foreign)
         start_units(stopped)
-    report.setdefault("monitoring", {})["dashboard_run_s"] = round(end - start, 1)
+    REPORT.setdefault("monitoring", {})["dashboard_run_s"] = round(end - start, 1)
 
 
 def _write_picture_data(prom: Prometheus, start: float, end: float) -> None:
