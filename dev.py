@@ -150,7 +150,7 @@ LONG_FORMS = {
 }
 # pytest-xdist workers: the host tests mostly wait on their hosts (Ansible runs, API server
 # restarts, timed faults), so more workers than cores still shorten the run (docs/figures.md).
-WORKERS = os.environ.get("CNPA_TEST_WORKERS") or "2"
+WORKERS = os.environ.get("CNPA_TEST_WORKERS") or "3"
 LOGS = ROOT / ".cache" / "test-logs"
 
 

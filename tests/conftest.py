@@ -17,8 +17,8 @@ conftest.py it finds there."""
 # (Not --dist loadgroup: pytest-xdist 3.8 marks its groups in item._nodeid, which pytest 9 no
 # longer reads, so every test became a group of its own.)
 HOST_UNITS = {
-    "tests/multihost/": 34,
-    "tests/host/": 13,
+    "tests/multihost/": 45,
+    "tests/host/": 18,
     "tests/faults/": 15,
     "tests/molecule/test_molecule.py::test_molecule_default": 11,
     "tests/host/test_lab_reset.py": 8,
