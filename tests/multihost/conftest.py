@@ -8,7 +8,8 @@ are used and left running (handy while developing).
 `inventory`: an INI inventory whose group k3s holds the three hosts over real SSH.
 `cluster`: playbooks/controller.yml installed on the three (watch mode, leader election, archive
 records also as ConfigMaps), once for every module that asks for it (mhlib.Cluster); the first
-module to ask installs it, after test_lab_three_hosts.py (file order), which needs a fresh cluster.
+module to ask installs it. test_lab_three_hosts.py, which needs a fresh cluster, has three hosts
+of its own (mhl-*, its module's `hosts`), and runs beside the others.
 At the end of the session the modules' figures go to $CNPA_MULTIHOST_REPORT (mhlib.write_report).
 
 Datastore: the test host's default, kine (SQLite; CNPA_TESTHOST_DATASTORE chooses another). k3s

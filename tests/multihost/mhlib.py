@@ -38,8 +38,9 @@ CONTROL_PLANE = ("kube-controller-manager.service", "kube-apiserver.service", "k
                  "etcd.service")
 
 
-def host_names(var: str = "CNPA_MULTIHOST_HOSTS") -> list[str]:
-    names = [n.strip() for n in os.environ.get(var, ",".join(DEFAULT_NAMES)).split(",") if n.strip()]
+def host_names(var: str = "CNPA_MULTIHOST_HOSTS", default: tuple[str, ...] | list[str] = ()) -> list[str]:
+    names = [n.strip() for n in os.environ.get(var, ",".join(default or DEFAULT_NAMES)).split(",")
+             if n.strip()]
     if len(names) != 3 or len(set(names)) != 3:
         raise AssertionError(f"{var} must name three different hosts, got {names}")
     return names
