@@ -17,8 +17,9 @@ conftest.py it finds there."""
 # (Not --dist loadgroup: pytest-xdist 3.8 marks its groups in item._nodeid, which pytest 9 no
 # longer reads, so every test became a group of its own.)
 HOST_UNITS = {
-    "tests/multihost/": 40,
-    "tests/multihost/test_lab_three_hosts.py": 12,
+    "tests/multihost/": 30,
+    "tests/multihost/test_lab_three_hosts.py": 14,
+    "tests/multihost/test_watch_chaos.py": 13,
     "tests/host/": 18,
     "tests/faults/": 15,
     "tests/molecule/test_molecule.py::test_molecule_default": 11,
