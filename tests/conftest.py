@@ -6,6 +6,10 @@ an editable install would); hostlib and promlib from tests/, and each directory'
 (ctllib, faultlib, mhlib) from that directory, which pytest puts on the path beside the
 conftest.py it finds there."""
 
+from __future__ import annotations
+
+import pytest
+
 # `dev.py test` runs pytest-xdist workers (-n, CNPA_TEST_WORKERS; --dist loadscope). The host tests
 # mostly wait on their hosts (Ansible runs, API server restarts, timed faults), so two of them side
 # by side take little more than the longer one. Tests that share a session host must run in one
@@ -37,6 +41,8 @@ HOST_UNITS = {
 # test's host, after it (tests/collection/test_collection.py's upgrade_host).
 JOINED = {
     "tests/collection/test_collection.py::test_the_lowest_ansible_core_and_kubernetes_core_install": UPGRADE,
+    # On the session's host of tests/host (its conftest.py's `host`), not the Debian 12 host.
+    "tests/host/test_debian12_client.py::test_default_host_keeps_a_new_enough_distro_client": "tests/host/",
 }
 SHARED_HOSTS = sorted(HOST_UNITS, key=HOST_UNITS.get, reverse=True)
 
@@ -48,6 +54,24 @@ def _unit_of(nodeid: str) -> str:
         return JOINED[joined[0]]
     units = [prefix for prefix in HOST_UNITS if nodeid.startswith(prefix)]
     return max(units, key=len) if units else nodeid.rsplit("::", 1)[0]
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item, nextitem):
+    """Once this worker has run the last test of a host unit, its session hosts go
+    (hostlib.end_with_unit): no later test of the worker uses them, and at the end of the session
+    the fixtures find them gone."""
+    yield
+    unit = _unit_of(item.nodeid)
+    if nextitem is None or _unit_of(nextitem.nodeid) == unit:
+        return
+    import hostlib
+
+    for stop in hostlib.UNIT_ENDS.pop(unit, []):
+        try:
+            stop()
+        except Exception as exc:  # the session's teardown destroys it again
+            print(f"\n{unit}: destroying its hosts failed: {exc}")
 
 
 def pytest_collection_modifyitems(config, items):

@@ -115,11 +115,25 @@ def http_get(port: int, path: str, timeout: float = 10) -> tuple[int, str]:
         return 0, ""
 
 
+# A session's host, idle once its unit is done, kept an API server and often a controller running
+# for the rest of the run (a fifth of a core for the loop controller's): the callbacks that destroy
+# the hosts made for a unit, called by tests/conftest.py once the worker has run the unit's last
+# test (pytest_runtest_teardown).
+UNIT_ENDS: dict[str, list] = {}
+
+
+def end_with_unit(unit: str | None, stop) -> None:
+    """stop() once this worker has run unit's last test (tests/conftest.py's HOST_UNITS)."""
+    if unit:
+        UNIT_ENDS.setdefault(unit, []).append(stop)
+
+
 @contextmanager
-def session_host(name: str, reuse_var: str, datastore: str | None = None,
+def session_host(name: str, reuse_var: str, datastore: str | None = None, unit: str | None = None,
                  **create_options) -> Iterator[Instance]:
-    """A running host called name: a fresh one, destroyed at the end; or, when the environment
-    variable reuse_var is 1, the existing running one, left running.
+    """A running host called name: a fresh one, destroyed at the end (or when unit, a key of
+    tests/conftest.py's HOST_UNITS, is done); or, when the environment variable reuse_var is 1,
+    the existing running one, left running.
 
     datastore: "kine" or "etcd" for a module that needs one; None takes the run's
     (CNPA_TESTHOST_DATASTORE, else testhost's default). create_options go to testhost's create
@@ -142,6 +156,7 @@ def session_host(name: str, reuse_var: str, datastore: str | None = None,
     if created:
         instance_mod.destroy(name)  # a leftover of an interrupted run
         inst = instance_mod.create(name, datastore=datastore, **create_options)
+        end_with_unit(unit, lambda: instance_mod.destroy(name))
     try:
         yield inst
     finally:

@@ -16,6 +16,7 @@ tarball's."""
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
@@ -26,6 +27,8 @@ import sys
 import tarfile
 import time
 import zipfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -74,9 +77,24 @@ def _digest(*paths: Path) -> str:
     return hashlib.sha256(b"".join(p.read_bytes() for p in paths)).hexdigest()[:12]
 
 
+@contextmanager
+def matrix_lock() -> Iterator[None]:
+    """The matrix cache to one worker at a time: the sanity test (unit tests/collection/) and
+    the lowest Ansible's install (the upgrade's unit) may make the same virtualenv at once."""
+    MATRIX_CACHE.mkdir(parents=True, exist_ok=True)
+    with open(MATRIX_CACHE / ".lock", "w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        yield
+
+
 def lowest_ansible_core() -> Path:
     """bin/ of a virtualenv with the lowest ansible-core (LOWEST/requirements.lock, hashes), made
     once per lock and Python in the cache."""
+    with matrix_lock():
+        return _lowest_ansible_core()
+
+
+def _lowest_ansible_core() -> Path:
     lock = LOWEST / "requirements.lock"
     venv = MATRIX_CACHE / f"ansible-core-{_digest(lock)}-py{sys.version_info.major}{sys.version_info.minor}"
     done = venv / ".installed"
@@ -92,6 +110,11 @@ def lowest_ansible_core() -> Path:
 def lowest_kubernetes_core() -> Path:
     """The lowest kubernetes.core: ansible_collections/kubernetes/core out of the `ansible` wheel
     of LOWEST/kubernetes-core.lock (downloaded with its hash, not installed), kept in the cache."""
+    with matrix_lock():
+        return _lowest_kubernetes_core()
+
+
+def _lowest_kubernetes_core() -> Path:
     lock = LOWEST / "kubernetes-core.lock"
     out = MATRIX_CACHE / f"kubernetes-core-{_digest(lock)}"
     core = out / "ansible_collections" / "kubernetes" / "core"

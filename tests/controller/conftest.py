@@ -58,7 +58,7 @@ def host(request):
     name = f"{os.environ.get('CNPA_CONTROLLER_HOST', 'ctl-pytest')}-{request.param}"
     # A compaction every 10 s (the API server's default is 5 min): what expires, expires here.
     with session_host(name, "CNPA_CONTROLLER_REUSE", datastore=request.param,
-                      compaction_interval="10s") as inst:
+                      unit="tests/controller/", compaction_interval="10s") as inst:
         h = Host(inst)
         install_crd(h)
         yield h

@@ -28,7 +28,7 @@ def lab():
     if os.geteuid() != 0:
         pytest.skip("the test host needs root")
     with session_host(os.environ.get("CNPA_FAULTS_HOST", "pytest-faults"),
-                      "CNPA_FAULTS_REUSE", datastore="etcd") as inst:
+                      "CNPA_FAULTS_REUSE", datastore="etcd", unit="tests/faults/") as inst:
         h = Lab(inst, str(inst.dir / "inventory.ini"))
         # The loop, which the fault tests expect (the default on a fresh host of one); a reused
         # host may have been left in watch mode (tests/faults/test_watchdog.py): switched back.

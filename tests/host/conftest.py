@@ -18,5 +18,5 @@ def host():
     if os.geteuid() != 0:
         pytest.skip("the test host needs root")
     with session_host(os.environ.get("CNPA_TESTHOST_NAME", "pytest-host"),
-                      "CNPA_TESTHOST_REUSE") as inst:
+                      "CNPA_TESTHOST_REUSE", unit="tests/host/") as inst:
         yield Host(inst)

@@ -34,7 +34,7 @@ from mhlib import host_names, installed_cluster, three_hosts, write_inventory
 def hosts():
     if os.geteuid() != 0:
         pytest.skip("the test hosts need root")
-    with three_hosts(host_names()) as hs:
+    with three_hosts(host_names(), unit="tests/multihost/") as hs:
         yield hs
 
 

@@ -24,7 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 
-from hostlib import ROOT, Host, http_get, wait_for
+from hostlib import ROOT, Host, end_with_unit, http_get, wait_for
 
 from testhost import instance as instance_mod
 from testhost.common import HostError
@@ -94,9 +94,11 @@ def join(follower: Host, server: Host) -> None:
 
 
 @contextmanager
-def three_hosts(names: list[str], reuse_var: str = "CNPA_MULTIHOST_REUSE") -> Iterator[list[Host]]:
-    """Three running hosts on the first one's API server: fresh ones, destroyed at the end; or,
-    when reuse_var is 1 and all three are running, those, left running."""
+def three_hosts(names: list[str], reuse_var: str = "CNPA_MULTIHOST_REUSE",
+                unit: str | None = None) -> Iterator[list[Host]]:
+    """Three running hosts on the first one's API server: fresh ones, destroyed at the end (or
+    when unit, a key of tests/conftest.py's HOST_UNITS, is done); or, when reuse_var is 1 and all
+    three are running, those, left running."""
     reuse = os.environ.get(reuse_var) == "1"
     insts: list[Instance] | None = None
     if reuse:
@@ -112,16 +114,21 @@ def three_hosts(names: list[str], reuse_var: str = "CNPA_MULTIHOST_REUSE") -> It
             for n in names:
                 instance_mod.destroy(n)  # a leftover of an interrupted run
             insts = _create(names)
+            end_with_unit(unit, lambda: _destroy(names))
         hosts = [Host(i) for i in insts]
         for h in hosts[1:]:
             join(h, hosts[0])
         yield hosts
     finally:
         if created:
-            # At the same time: each poweroff mostly waits (A's API server for its watches).
-            with ThreadPoolExecutor(max_workers=3) as pool:
-                for fut in [pool.submit(instance_mod.destroy, n) for n in names]:
-                    fut.result()
+            _destroy(names)
+
+
+def _destroy(names: list[str]) -> None:
+    # At the same time: each poweroff mostly waits (A's API server for its watches).
+    with ThreadPoolExecutor(max_workers=3) as pool:
+        for fut in [pool.submit(instance_mod.destroy, n) for n in names]:
+            fut.result()
 
 
 def write_inventory(hosts: list[Host], path: Path) -> Path:
