@@ -25,7 +25,8 @@ UPGRADE = "tests/collection/test_collection.py::test_an_upgrade_from_the_previou
 HOST_UNITS = {
     "tests/multihost/": 30,
     UPGRADE: 20,
-    "tests/faults/": 15,
+    "tests/faults/": 35,
+    "tests/faults/test_watchdog.py": 15,
     "tests/multihost/test_lab_three_hosts.py": 14,
     "tests/multihost/test_watch_chaos.py": 13,
     "tests/host/test_debian12_client.py": 12,

@@ -1,7 +1,9 @@
 """A session-wide throwaway host with the controller installed, for the fault tests.
 
 The host is named by CNPA_FAULTS_HOST (default pytest-faults) and destroyed at the end; with
-CNPA_FAULTS_REUSE=1 an existing running host of that name is used and left running. The
+CNPA_FAULTS_REUSE=1 an existing running host of that name is used and left running.
+test_watchdog.py, which switches its host to the watch controller, has a host of its own
+(CNPA_WATCHDOG_HOST, default pytest-watchdog) and is a scheduling unit of its own. The
 controller is installed by tests/faults/install.yml (the project's roles), not re-implemented.
 Each test records what it measured in `report`; the session writes it to
 $CNPA_FAULTS_REPORT (default /tmp/cnpa-faults-report.json) for docs/faults.md.
@@ -14,27 +16,21 @@ CI about 15 minutes for faults of the controller and its unit, not of the datast
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 from pathlib import Path
 
 import pytest
-from faultlib import Lab
-from hostlib import session_host
+from faultlib import fault_host
 
 
 @pytest.fixture(scope="session")
 def lab():
     if os.geteuid() != 0:
         pytest.skip("the test host needs root")
-    with session_host(os.environ.get("CNPA_FAULTS_HOST", "pytest-faults"),
-                      "CNPA_FAULTS_REUSE", datastore="etcd", unit="tests/faults/") as inst:
-        h = Lab(inst, str(inst.dir / "inventory.ini"))
-        # The loop, which the fault tests expect (the default on a fresh host of one); a reused
-        # host may have been left in watch mode (tests/faults/test_watchdog.py): switched back.
-        h.playbook("-e", "cnpa_controller_mode=loop", "-e", "cnpa_controller_mode_switch=true")
-        h.teamspace("alpha", pods=4)
-        h.wait_converged("alpha")
+    with fault_host(os.environ.get("CNPA_FAULTS_HOST", "pytest-faults"), "CNPA_FAULTS_REUSE",
+                    unit="tests/faults/") as h:
         yield h
 
 
@@ -43,5 +39,13 @@ def report():
     data: dict = {}
     yield data
     path = Path(os.environ.get("CNPA_FAULTS_REPORT", "/tmp/cnpa-faults-report.json"))
-    path.write_text(json.dumps(data, indent=2) + "\n")
+    # Beside what the other worker's unit (test_watchdog.py's or the rest's) wrote there.
+    with open(path.with_name(path.name + ".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            earlier = json.loads(path.read_text())
+        except (OSError, ValueError):
+            earlier = {}
+        data = (earlier if isinstance(earlier, dict) else {}) | data
+        path.write_text(json.dumps(data, indent=2) + "\n")
     print(f"\nfault test measurements: {path}\n{json.dumps(data, indent=2)}")

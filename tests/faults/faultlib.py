@@ -10,7 +10,7 @@ import subprocess
 import time
 from contextlib import contextmanager
 
-from hostlib import ROOT, Host, wait_for
+from hostlib import ROOT, Host, session_host, wait_for
 
 from fixtures import cpu, teamspace
 
@@ -151,3 +151,17 @@ def _server_accepts_unbounded(lab: Lab) -> bool:
     probe = teamspace("bounds.probe", 1, "abc")
     return lab.kubectl("create", "--dry-run=server", "--validate=false", "-f", "-",
                        input_text=json.dumps(probe), check=False).returncode == 0
+
+
+@contextmanager
+def fault_host(name: str, reuse_var: str, unit: str):
+    """A host (etcd) with the loop controller installed by install.yml and TeamSpace alpha
+    converged: the session's (conftest.py's `lab`), or test_watchdog.py's own."""
+    with session_host(name, reuse_var, datastore="etcd", unit=unit) as inst:
+        h = Lab(inst, str(inst.dir / "inventory.ini"))
+        # The loop, which the fault tests expect (the default on a fresh host of one); a reused
+        # host may have been left in watch mode by test_watchdog.py: switched back.
+        h.playbook("-e", "cnpa_controller_mode=loop", "-e", "cnpa_controller_mode_switch=true")
+        h.teamspace("alpha", pods=4)
+        h.wait_converged("alpha")
+        yield h

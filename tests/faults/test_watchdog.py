@@ -2,23 +2,22 @@
 
 First, the switch itself: the cluster records the loop this host runs, and a run asking for watch
 without cnpa_controller_mode_switch is refused before it changes anything (also in check mode, and
-for an install older than the record, known by its unit). Then the host's unit is switched once,
-with that consent, for this module, to the long-running controller with a short WatchdogSec and
-JSON logs, and back to the loop the other fault tests expect when any of them runs after this
-module in the session (in file order none does: the session's host is destroyed instead, and a
-reused host gets the loop again from the session's install, tests/faults/conftest.py). SIGSTOP
-freezes the whole process, its main loop too; a worker stuck past the wedge bound makes the main
-loop stop feeding: either way no WATCHDOG=1 reaches systemd, which kills the service and starts it
-again.
+for an install older than the record, known by its unit). Then the unit of this module's own
+host is switched once, with that consent, to the long-running controller with a short WatchdogSec
+and JSON logs (the host goes after the module; a reused one gets the loop again from
+fault_host's install). SIGSTOP freezes the whole process, its main loop too; a worker stuck past
+the wedge bound makes the main loop stop feeding: either way no WATCHDOG=1 reaches systemd, which
+kills the service and starts it again.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import time
 
 import pytest
-from faultlib import ARCHIVE
+from faultlib import ARCHIVE, fault_host
 from hostlib import free_port, http_get, recap, wait_for
 
 WATCHDOG_SEC = 5
@@ -30,11 +29,17 @@ def status(port: int, path: str) -> int:
     return http_get(port, path, timeout=5)[0]
 
 
-def fault_tests_follow(request) -> bool:
-    """Whether a test of this directory (the loop controller's) runs after this module."""
-    items = request.session.items
-    last = max(i for i, item in enumerate(items) if item.path == request.path)
-    return any(item.path.parent == request.path.parent for item in items[last + 1:])
+@pytest.fixture(scope="module")
+def lab():
+    """A host of this module's own (CNPA_WATCHDOG_HOST, default pytest-watchdog; with
+    CNPA_WATCHDOG_REUSE=1 a running one is reused): its switches to the watch controller then
+    leave the session's fault host (conftest.py) to the loop, and it runs beside the other fault
+    tests in another worker (tests/conftest.py's HOST_UNITS)."""
+    if os.geteuid() != 0:
+        pytest.skip("the test host needs root")
+    with fault_host(os.environ.get("CNPA_WATCHDOG_HOST", "pytest-watchdog"), "CNPA_WATCHDOG_REUSE",
+                    unit="tests/faults/test_watchdog.py") as h:
+        yield h
 
 
 def installed(lab) -> dict:
@@ -53,10 +58,6 @@ def test_a_switch_without_consent_is_refused_before_any_change(lab, report):
     changes anything, naming the variable and what runs where. In check mode too, and with the
     record gone (an install older than it), by the unit the host runs."""
     name = lab.inst.name
-    # The fault tests before this one leave drift the roles ahead of cnpa_controller in the play
-    # repair (an archive directory made unwritable, say): a run in the recorded mode first, so
-    # that the refused run's changed=0 is about the refusal alone.
-    lab.playbook()
     assert lab.get(*RECORD)["data"] == {"mode": "loop", "hosts": name}
     assert lab.service("Type") == "simple"
     before = installed(lab)
@@ -87,7 +88,7 @@ def test_a_switch_without_consent_is_refused_before_any_change(lab, report):
 
 
 @pytest.fixture(scope="module")
-def watch_unit(lab, request):
+def watch_unit(lab):
     """(metrics port, install time): the unit in watch mode, installed once for both tests (an
     install.yml run takes minutes on a loaded machine). It also shows the role's log variables
     reaching the unit (json: see the first test's end)."""
@@ -98,8 +99,6 @@ def watch_unit(lab, request):
                  "-e", f"cnpa_controller_metrics_address=127.0.0.1:{port}",
                  "-e", "cnpa_controller_log_format=json")
     yield port, started
-    if fault_tests_follow(request):
-        lab.playbook("-e", "cnpa_controller_mode=loop", *SWITCH)  # the loop again, for the other fault tests
 
 
 def test_a_frozen_watch_controller_is_killed_by_the_watchdog_and_restarted(lab, report, watch_unit):
