@@ -20,21 +20,23 @@ import pytest
 # (unit tests, linters) is a unit of its own, after them, and serves as filler (below).
 # (Not --dist loadgroup: pytest-xdist 3.8 marks its groups in item._nodeid, which pytest 9 no
 # longer reads, so every test became a group of its own.)
-# (Estimates, for the order: a unit split off on 2026-12-07 has its share of the old one's minutes.)
+# Minutes after the control plane's build, from the clean-clone run of 2026-12-07 05:14 UTC
+# (bench/timeline.py on its .cache/test-logs/timeline.tsv, the build's wait taken off; the
+# controller's and molecule controller's estimated, that run was stopped before they ended).
 UPGRADE = "tests/collection/test_collection.py::test_an_upgrade_from_the_previous_release"
 HOST_UNITS = {
-    "tests/multihost/": 30,
-    UPGRADE: 20,
-    "tests/faults/": 35,
-    "tests/faults/test_watchdog.py": 15,
-    "tests/multihost/test_lab_three_hosts.py": 14,
-    "tests/multihost/test_watch_chaos.py": 13,
-    "tests/host/test_debian12_client.py": 12,
-    "tests/collection/": 12,
-    "tests/molecule/test_molecule.py::test_molecule_default": 11,
-    "tests/host/": 10,
-    "tests/host/test_lab_reset.py": 8,
-    "tests/controller/": 8,
+    "tests/multihost/": 32,
+    "tests/multihost/test_lab_three_hosts.py": 22,
+    "tests/host/": 18,
+    "tests/faults/": 18,
+    "tests/molecule/test_molecule.py::test_molecule_default": 17,
+    "tests/host/test_lab_reset.py": 15,
+    UPGRADE: 12,
+    "tests/multihost/test_watch_chaos.py": 11,
+    "tests/host/test_debian12_client.py": 11,
+    "tests/controller/": 10,
+    "tests/collection/": 9,
+    "tests/faults/test_watchdog.py": 6,
     "tests/molecule/test_molecule.py::test_molecule_controller": 5,
     "tests/host/test_datastores.py": 2,
 }
