@@ -115,6 +115,23 @@ def http_get(port: int, path: str, timeout: float = 10) -> tuple[int, str]:
         return 0, ""
 
 
+def merge_report(path: Path, data: dict) -> dict:
+    """data's keys into the JSON object at path, beside the keys already there, under a lock: a
+    report's tests may end in several xdist workers (host units of their own), each adding its
+    own keys. Returns what the file now holds."""
+    import fcntl
+
+    with open(path.with_name(path.name + ".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            earlier = json.loads(path.read_text())
+        except (OSError, ValueError):
+            earlier = {}
+        merged = (earlier if isinstance(earlier, dict) else {}) | data
+        path.write_text(json.dumps(merged, indent=2) + "\n")
+    return merged
+
+
 # A session's host, idle once its unit is done, kept an API server and often a controller running
 # for the rest of the run (a fifth of a core for the loop controller's): the callbacks that destroy
 # the hosts made for a unit, called by tests/conftest.py once the worker has run the unit's last

@@ -16,13 +16,13 @@ CI about 15 minutes for faults of the controller and its unit, not of the datast
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 from pathlib import Path
 
 import pytest
 from faultlib import fault_host
+from hostlib import merge_report
 
 
 @pytest.fixture(scope="session")
@@ -40,12 +40,5 @@ def report():
     yield data
     path = Path(os.environ.get("CNPA_FAULTS_REPORT", "/tmp/cnpa-faults-report.json"))
     # Beside what the other worker's unit (test_watchdog.py's or the rest's) wrote there.
-    with open(path.with_name(path.name + ".lock"), "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            earlier = json.loads(path.read_text())
-        except (OSError, ValueError):
-            earlier = {}
-        data = (earlier if isinstance(earlier, dict) else {}) | data
-        path.write_text(json.dumps(data, indent=2) + "\n")
+    data = merge_report(path, data)
     print(f"\nfault test measurements: {path}\n{json.dumps(data, indent=2)}")

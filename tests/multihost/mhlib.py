@@ -24,7 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 
-from hostlib import ROOT, Host, end_with_unit, http_get, wait_for
+from hostlib import ROOT, Host, end_with_unit, http_get, merge_report, wait_for
 
 from testhost import instance as instance_mod
 from testhost.common import HostError
@@ -789,17 +789,8 @@ def cut_api_connections(hosts: list[Host], port: int) -> int:
 def write_report() -> Path:
     """REPORT's keys into $CNPA_MULTIHOST_REPORT, beside the keys already there: the host sets
     (mhp-*, the chaos module's mhc-*) end in different workers, and each adds its own tests'."""
-    import fcntl
-
     path = Path(os.environ.get("CNPA_MULTIHOST_REPORT", "/tmp/cnpa-multihost-report.json"))
-    with open(path.with_name(path.name + ".lock"), "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            report = json.loads(path.read_text())
-        except (OSError, ValueError):
-            report = {}
-        report = (report if isinstance(report, dict) else {}) | REPORT
-        path.write_text(json.dumps(report, indent=2) + "\n")
+    merge_report(path, REPORT)
     return path
 
 
