@@ -137,3 +137,18 @@ def test_an_unreachable_api_server_is_status_2_and_nothing_on_stdout(tmp_path):
                 CNPA_ARCHIVE_DIR=str(tmp_path / "archive"), CNPA_REQUEST_TIMEOUT="2s")
     assert proc.returncode == 2, proc.stderr
     assert proc.stdout == "" and "cannot list the TeamSpaces after pass 1" in proc.stderr
+
+
+def test_the_roles_name_the_finalizer_the_package_uses():
+    """The roles' one copy of the finalizer's name (roles/cnpa/vars/main.yml): every role and
+    playbook refers to it, the admission policies render it into their CEL expressions."""
+    import yaml
+
+    with open(ROOT / "roles/cnpa/vars/main.yml", encoding="utf-8") as fh:
+        assert yaml.safe_load(fh)["cnpa_finalizer"] == FINALIZER
+    package = ROOT / "roles/cnpa_reconciler/files/cnpa_controller"
+    naming = sorted(str(f.relative_to(ROOT)) for d in ("roles", "playbooks")
+                    for f in (ROOT / d).rglob("*") if f.is_file() and package not in f.parents
+                    and f.suffix in (".yml", ".yaml", ".j2", ".sh")
+                    and FINALIZER in f.read_text(encoding="utf-8"))
+    assert naming == ["roles/cnpa/vars/main.yml"]
