@@ -1,7 +1,7 @@
 """`python3 -m cnpa_controller --once --until released|finalized`: passes until the TeamSpaces
-are what the uninstall and the lab reset wait for, then one JSON line saying what they are (what
-their bash + jq drivers printed). Against a scripted list here; tests/controller/test_once.py
-runs it against a real API server."""
+are what the uninstall and the lab reset wait for, then one JSON line saying what they are (the
+roles run it as reconcile.sh --until, under the script's lock: tests/unit/test_reconcile.py).
+Against a scripted list here; tests/controller/test_once.py runs it against a real API server."""
 
 from __future__ import annotations
 
