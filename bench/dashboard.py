@@ -3,11 +3,11 @@ drawn with matplotlib from a real Prometheus's answers to the dashboard's own qu
 
 There is no Grafana to screenshot here (neither Debian nor PyPI packages it), and the classic
 web UI of Debian's Prometheus 2.42 graphs one query at a time; so the answers come from the run
-of tests/multihost/test_monitoring.py's dashboard test, which scrapes the controller as
+of tests/multihost/test_monitoring_installed.py's dashboard test, which scrapes the controller as
 playbooks/controller.yml installs it on three test hosts and writes the answers when asked:
 
     CNPA_DASHBOARD_DATA=/tmp/dashboard-run.json .venv/bin/pytest -q \\
-        tests/multihost/test_monitoring.py -k panel
+        tests/multihost/test_monitoring_installed.py -k panel
     bench-venv/bin/python bench/dashboard.py /tmp/dashboard-run.json docs/dashboard.png
 
 (bench-venv: a virtualenv with requirements-bench.txt, which has matplotlib; docs/benchmark.md.)
@@ -64,7 +64,7 @@ def draw(data: dict, out: Path) -> None:
     fig.text(0.01, 1 - 0.5 / fig_h,
              f"The dashboard's queries answered by a real Prometheus 2.42 (Debian) scraping the "
              f"installed cnpa-op.service of three test hosts every second during "
-             f"tests/multihost/test_monitoring.py, {when}; "
+             f"tests/multihost/test_monitoring_installed.py, {when}; "
              f"$__rate_interval = {data['rate_interval']}.\nDrawn with matplotlib from the "
              "answers: not a Grafana screenshot. Stat panels show the last value, after two of "
              "the three units were stopped at the end of the run.", fontsize=9, va="top",
@@ -137,7 +137,7 @@ def draw(data: dict, out: Path) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("data", type=Path, help="the JSON test_monitoring.py wrote")
+    parser.add_argument("data", type=Path, help="the JSON test_monitoring_installed.py wrote")
     parser.add_argument("out", type=Path, help="the PNG to write (docs/dashboard.png)")
     args = parser.parse_args()
     draw(json.loads(args.data.read_text()), args.out)

@@ -1,5 +1,5 @@
 """The monitoring files (monitoring/: the Grafana dashboard, the alert rules) read as the tests
-need them, and a real Prometheus run on loopback for tests/multihost/test_monitoring.py.
+need them, and a real Prometheus run on loopback for tests/multihost/test_monitoring_installed.py.
 
 PromQL is read with a small tokenizer, not a full parser: enough to find the metric names, the
 label matchers and the grouping labels of the expressions these files contain.

@@ -637,7 +637,7 @@ def file_records(hosts: list[Host], uid: str) -> dict[str, int]:
 # Every module of this directory shares one install (conftest.py's session fixture `cluster`).
 # This session's run, for names: modules prefix their TeamSpaces with it.
 RUN = f"{int(time.time()) % 46656:x}"
-# test_watch_faults.py's and test_monitoring.py's TeamSpaces.
+# test_watch_faults.py's and test_monitoring_installed.py's TeamSpaces.
 PREFIX = f"wf{RUN}"
 # The figures the modules measure, never asserted: written to $CNPA_MULTIHOST_REPORT (default
 # /tmp/cnpa-multihost-report.json) at the end of the session, one key per test.

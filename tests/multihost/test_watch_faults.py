@@ -2,7 +2,7 @@
 
 The session's `cluster` fixture (conftest.py) has installed it with playbooks/controller.yml on the
 three hosts of the `inventory` fixture (watch mode, leader election, archive records also as
-ConfigMaps), once for this module and test_monitoring.py, which runs before it (file order). Each
+ConfigMaps), once for this module and test_monitoring_installed.py, which runs before it (file order). Each
 test then breaks one thing while a background workload keeps creating TeamSpaces, editing their
 quota spec and deleting some, and, right at the fault, edits a probe TeamSpace: the change made
 while the leader is lost.

@@ -193,6 +193,31 @@ def test_requests_share_a_kept_connection_and_send_the_token(server, tmp_path):
     assert len({port for _, _, port in server.seen}) == 1  # one connection, kept
 
 
+def test_after_a_break_one_request_fails_not_one_per_kept_connection(server, tmp_path):
+    """ss -K on the controller's sockets (or an API server gone) breaks every kept connection at
+    once: the first request to find its connection broken drops the others, so the Lease's next
+    renewal goes out on a new connection instead of on the next broken one."""
+    api = connect(yaml_kubeconfig(tmp_path / "k", server.url, "{token: abc}"))
+    start = threading.Barrier(4)
+
+    def one(i: int) -> None:
+        start.wait(5)
+        api.request("GET", f"/api/{i}")
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    kept = [conn for conn, _ in api.connection._idle]
+    assert len(kept) >= 2, "the requests did not leave several kept connections"
+    for conn in kept:
+        conn.sock.shutdown(socket.SHUT_RDWR)   # as the kernel's abort leaves them
+    with pytest.raises(ApiError):
+        api.request("POST", "/api/lease", body={})  # a write is not sent again
+    assert api.request("POST", "/api/lease", body={})["path"] == "/api/lease"
+    assert api.request("GET", "/api/read")["path"] == "/api/read"
+
+
 def test_a_renewed_token_file_is_read_again_after_a_401(server, tmp_path):
     token = tmp_path / "token"
     token.write_text("first\n")

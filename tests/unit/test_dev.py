@@ -158,3 +158,14 @@ def test_the_checkout_is_importable_in_the_virtualenv_as_an_editable_install_mak
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == str(dev.ROOT / "roles/cnpa_reconciler/files/cnpa_controller"
                                       / "__init__.py")
+
+
+def test_no_two_test_modules_share_a_name():
+    """pytest imports each test directory's modules by their base name (no __init__.py, the
+    default import mode): a second tests/**/test_x.py fails to collect, and under xdist the run
+    goes on without that module's tests."""
+    names: dict[str, list[str]] = {}
+    for path in sorted((dev.ROOT / "tests").rglob("*.py")):
+        if path.name != "conftest.py" and ".venv" not in path.parts:
+            names.setdefault(path.name, []).append(str(path.relative_to(dev.ROOT)))
+    assert not {k: v for k, v in names.items() if len(v) > 1}

@@ -1,7 +1,7 @@
 """monitoring/: the alert rules checked and unit-tested by promtool (Debian's, unpacked by
 testhost.prometheus), and the dashboard's and the rules' PromQL naming only series, labels and
-variables that exist. tests/multihost/test_monitoring.py asks a real Prometheus the same queries, and
-diffs the same names against the scrape of the installed units.
+variables that exist. tests/multihost/test_monitoring_installed.py asks a real Prometheus the same
+queries, and diffs the same names against the scrape of the installed units.
 The rule file is monitoring/generate.py's output with its defaults; with other options it is
 still a valid rule file that selects what it was asked to."""
 

@@ -120,6 +120,9 @@ class _Response:
             except OSError:
                 pass
 
+    def drop_idle(self) -> None:
+        self._connection.drop_idle()
+
     def release_conn(self) -> None:
         if self._conn is None:
             return
@@ -221,6 +224,12 @@ class _Connection:
                 return
         conn.close()
 
+    def drop_idle(self) -> None:
+        with self._lock:
+            idle, self._idle = self._idle, []
+        for conn, _ in idle:
+            conn.close()
+
     def _new(self, timeout: float, context: ssl.SSLContext | None) -> http.client.HTTPConnection:
         proxy = urlsplit(self.target.proxy) if self.target.proxy else None
         host, port = (proxy.hostname, proxy.port or 80) if proxy else (self._hostname, self._port)
@@ -263,8 +272,12 @@ class _Connection:
             try:
                 conn.request(method, self._prefix + target, body=body, headers=headers)
                 return _Response(self, conn, conn.getresponse(), credential)
-            except (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError):
+            except (http.client.RemoteDisconnected, ConnectionError, ssl.SSLEOFError):
                 conn.close()
+                if reused:
+                    # What broke this kept connection (an API server restarted, the network cut)
+                    # broke the others kept beside it: each would fail one more request.
+                    self.drop_idle()
                 # A kept connection the server closed meanwhile: a read is sent again on a new
                 # one. A write is not (the server may have done it): it fails, the pass retries.
                 if not (reused and method == "GET" and attempt == 1):
@@ -311,6 +324,9 @@ class Watch:
                 if self._closed:
                     self._end()
                 self._resp.release_conn()
+                if isinstance(exc, ConnectionError):
+                    # Broken under us, not ended by the server (see _Connection.send).
+                    self._resp.drop_idle()
                 raise ApiError(0, "", f"{self._what}: the watch broke: "
                                       f"{type(exc).__name__}: {exc}") from exc
             finally:
