@@ -162,6 +162,8 @@ def test(extra: list[str], long: bool = False) -> int:
     # downloads then run beside the builds, and the unit tests beside both.
     LOGS.mkdir(parents=True, exist_ok=True)
     env = dict(LONG_FORMS) if long else {}
+    (LOGS / "timeline.tsv").unlink(missing_ok=True)
+    env["CNPA_TEST_TIMELINE"] = str(LOGS / "timeline.tsv")  # tests/conftest.py: each test's times
     if long:
         say("long forms: " + ", ".join(f"{k}={v}" for k, v in LONG_FORMS.items()))
     with open(LOGS / "prepare.log", "w") as log:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -42,33 +43,53 @@ def run(argv: list, cwd: Path, env: dict, log: str, timeout: float = 900) -> str
     return text
 
 
-def consumer_env(path: Path) -> dict:
+def consumer_env(path: Path, bin_dir: Path = BIN) -> dict:
     """Ansible as another team runs it: only the collections installed in path, no ansible.cfg of
-    ours (cwd is outside the repository)."""
+    ours (cwd is outside the repository), bin_dir's Ansible first on PATH."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("ANSIBLE_")}
     env.update(ANSIBLE_COLLECTIONS_PATH=str(path), ANSIBLE_COLLECTIONS_SCAN_SYS_PATH="false",
-               ANSIBLE_FORCE_COLOR="0", NO_COLOR="1", PATH=f"{BIN}:{env.get('PATH', '/usr/bin:/bin')}")
+               ANSIBLE_FORCE_COLOR="0", NO_COLOR="1",
+               PATH=f"{bin_dir}:{env.get('PATH', '/usr/bin:/bin')}")
     return env
 
 
-def build_and_install(source: Path, work: Path, name: str) -> SimpleNamespace:
-    """The collection in source built into work, installed offline into work/name with its
-    dependencies copied from the ansible package's bundled ones (no Galaxy here)."""
+def bundled_collections() -> Path:
+    """ansible_collections of the pinned `ansible` package in .venv."""
+    return Path(importlib.util.find_spec("ansible_collections").submodule_search_locations[0])
+
+
+def build(source: Path, work: Path, name: str) -> Path:
+    """The collection in source built into work: its tarball."""
+    version = yaml.safe_load((source / "galaxy.yml").read_text())["version"]
+    env = consumer_env(work / name)
+    run([BIN / "ansible-galaxy", "collection", "build", "--output-path", work, source],
+        cwd=work, env=env, log=f"collection-{name}-build.log")
+    return work / f"labhub-cnpa-{version}.tar.gz"
+
+
+def install(tarball: Path, work: Path, name: str, dependencies: dict[str, Path],
+            bin_dir: Path = BIN) -> SimpleNamespace:
+    """tarball installed offline, by bin_dir's ansible-galaxy, into work/name, its dependencies
+    copied first from the directories given (no Galaxy here)."""
     consumer = work / f"{name}-consumer"
     consumer.mkdir()
     path = work / name
-    env = consumer_env(path)
-    version = yaml.safe_load((source / "galaxy.yml").read_text())["version"]
-    run([BIN / "ansible-galaxy", "collection", "build", "--output-path", work, source],
-        cwd=consumer, env=env, log=f"collection-{name}-build.log")
-    tarball = work / f"labhub-cnpa-{version}.tar.gz"
-    bundled = Path(importlib.util.find_spec("ansible_collections").submodule_search_locations[0])
-    for dependency in GALAXY["dependencies"]:
+    env = consumer_env(path, bin_dir)
+    for dependency, copy in dependencies.items():
         namespace, dep = dependency.split(".")
-        shutil.copytree(bundled / namespace / dep, path / "ansible_collections" / namespace / dep,
-                        symlinks=True)
-    text = run([BIN / "ansible-galaxy", "collection", "install", "--offline", "-p", path, tarball],
-               cwd=consumer, env=env, log=f"collection-{name}-install.log")
+        shutil.copytree(copy, path / "ansible_collections" / namespace / dep, symlinks=True)
+    text = run([bin_dir / "ansible-galaxy", "collection", "install", "--offline", "-p", path,
+                tarball], cwd=consumer, env=env, log=f"collection-{name}-install.log")
+    version = re.search(r"labhub-cnpa-(.+)\.tar\.gz$", tarball.name)[1]
     assert f"labhub.cnpa:{version} was installed successfully" in text, text
     return SimpleNamespace(tarball=tarball, path=path, consumer=consumer, env=env, version=version,
-                           root=path / "ansible_collections" / "labhub" / "cnpa")
+                           bin=bin_dir, root=path / "ansible_collections" / "labhub" / "cnpa")
+
+
+def build_and_install(source: Path, work: Path, name: str) -> SimpleNamespace:
+    """The collection in source built and installed with the pinned Ansible, the dependencies its
+    galaxy.yml declares copied from the ones the `ansible` package bundles."""
+    tarball = build(source, work, name)
+    wanted = yaml.safe_load((source / "galaxy.yml").read_text()).get("dependencies") or {}
+    return install(tarball, work, name, {dep: bundled_collections() / dep.replace(".", "/")
+                                         for dep in wanted})

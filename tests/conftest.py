@@ -16,22 +16,36 @@ conftest.py it finds there."""
 # (unit tests, linters) is a unit of its own, after them, and serves as filler (below).
 # (Not --dist loadgroup: pytest-xdist 3.8 marks its groups in item._nodeid, which pytest 9 no
 # longer reads, so every test became a group of its own.)
+# (Estimates, for the order: a unit split off on 2026-12-07 has its share of the old one's minutes.)
+UPGRADE = "tests/collection/test_collection.py::test_an_upgrade_from_the_previous_release"
 HOST_UNITS = {
-    "tests/multihost/": 45,
-    "tests/host/": 18,
+    "tests/multihost/": 30,
+    UPGRADE: 20,
     "tests/faults/": 15,
+    "tests/multihost/test_lab_three_hosts.py": 14,
+    "tests/multihost/test_watch_chaos.py": 13,
+    "tests/host/test_debian12_client.py": 12,
+    "tests/collection/": 12,
     "tests/molecule/test_molecule.py::test_molecule_default": 11,
+    "tests/host/": 10,
     "tests/host/test_lab_reset.py": 8,
-    "tests/collection/": 8,
     "tests/controller/": 8,
     "tests/molecule/test_molecule.py::test_molecule_controller": 5,
     "tests/host/test_datastores.py": 2,
+}
+# Tests that belong to another prefix's unit: the lowest Ansible's install runs on the upgrade
+# test's host, after it (tests/collection/test_collection.py's upgrade_host).
+JOINED = {
+    "tests/collection/test_collection.py::test_the_lowest_ansible_core_and_kubernetes_core_install": UPGRADE,
 }
 SHARED_HOSTS = sorted(HOST_UNITS, key=HOST_UNITS.get, reverse=True)
 
 
 def _unit_of(nodeid: str) -> str:
     """The host unit a test belongs to (the longest prefix that names it), else its module."""
+    joined = [prefix for prefix in JOINED if nodeid.startswith(prefix)]
+    if joined:
+        return JOINED[joined[0]]
     units = [prefix for prefix in HOST_UNITS if nodeid.startswith(prefix)]
     return max(units, key=len) if units else nodeid.rsplit("::", 1)[0]
 
@@ -69,3 +83,24 @@ def pytest_xdist_make_scheduler(config, log):
             super()._assign_work_unit(node)
 
     return SharedHostScheduling(config, log)
+
+
+# Where a run's minutes went: each test's start and end, by the clock of the process that reports
+# them (xdist's controller under dev.py test), into $CNPA_TEST_TIMELINE when it is set (dev.py
+# sets it to .cache/test-logs/timeline.tsv); docs/figures.md's per-unit minutes come from it.
+def _timeline(event: str, nodeid: str) -> None:
+    import os
+    import time
+
+    path = os.environ.get("CNPA_TEST_TIMELINE")
+    if path and "PYTEST_XDIST_WORKER" not in os.environ:
+        with open(path, "a") as out:
+            out.write(f"{time.time():.1f}\t{event}\t{_unit_of(nodeid)}\t{nodeid}\n")
+
+
+def pytest_runtest_logstart(nodeid, location):
+    _timeline("start", nodeid)
+
+
+def pytest_runtest_logfinish(nodeid, location):
+    _timeline("end", nodeid)

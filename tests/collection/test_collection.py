@@ -17,7 +17,6 @@ tarball's."""
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import json
 import os
 import re
@@ -32,60 +31,32 @@ from types import SimpleNamespace
 
 import pytest
 import yaml
+from collectionlib import (
+    BIN,
+    GALAXY,
+    ROOT,
+    build_and_install,
+    consumer_playbook,
+    install,
+    run,
+)
 from hostlib import Host, recap, session_host, wait_for
 
 from fixtures import teamspace
 
-ROOT = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
-BIN = ROOT / ".venv" / "bin"
-LOGS = ROOT / ".cache" / "test-logs"
 CACHE = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "cnpa-op"
 # ansible-test's HOME: its per-test virtualenvs and its pip bootstrap, kept between runs.
 ANSIBLE_TEST_HOME = CACHE / "ansible-test"
 # The lowest ansible-core's virtualenv, its ansible-test HOME, the wheel kubernetes.core comes from.
 MATRIX_CACHE = CACHE / "collection-matrix"
 LOWEST = HERE / "lowest"
-GALAXY = yaml.safe_load((ROOT / "galaxy.yml").read_text())
 RUNTIME = yaml.safe_load((ROOT / "meta" / "runtime.yml").read_text())
 # The release an upgrade starts from: 1.0.0, the commit tagged v1.0.0 (named by its id, which
 # every clone of main has, tags or not).
 PREVIOUS = "9fc8a3bbc52db84b439045f2bbc5f80e2c4d22ea"
 
-CONSUMER_PLAYBOOK = """\
----
-- name: Our platform's TeamSpace API, from the collection labhub.cnpa
-  hosts: k3s
-  gather_facts: false
-  vars:
-    cnpa_controller_mode: watch
-  roles:
-    - role: labhub.cnpa.cnpa_crd
-    - role: labhub.cnpa.cnpa_reconciler
-    - role: labhub.cnpa.cnpa_controller
-"""
-
-
-def run(argv: list, cwd: Path, env: dict, log: str, timeout: float = 900) -> str:
-    """Run a command, its output to LOGS/log; fail with the output's end when it fails."""
-    LOGS.mkdir(parents=True, exist_ok=True)
-    with open(LOGS / log, "w") as fh:
-        proc = subprocess.run([str(a) for a in argv], cwd=cwd, env=env, stdout=fh,
-                              stderr=subprocess.STDOUT, timeout=timeout, check=False)
-    text = (LOGS / log).read_text(errors="replace")
-    tail = "\n".join(text.splitlines()[-60:])
-    assert proc.returncode == 0, f"{argv[0]} {argv[1]} failed ({LOGS / log}):\n{tail}"
-    return text
-
-
-def consumer_env(path: Path, bin_dir: Path = BIN) -> dict:
-    """Ansible as another team runs it: only the collections installed in path, no ansible.cfg of
-    ours (cwd is outside the repository), bin_dir's Ansible first on PATH."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ANSIBLE_")}
-    env.update(ANSIBLE_COLLECTIONS_PATH=str(path), ANSIBLE_COLLECTIONS_SCAN_SYS_PATH="false",
-               ANSIBLE_FORCE_COLOR="0", NO_COLOR="1",
-               PATH=f"{bin_dir}:{env.get('PATH', '/usr/bin:/bin')}")
-    return env
+CONSUMER_PLAYBOOK = consumer_playbook("watch")
 
 
 def declared(spec: str) -> tuple[str, str]:
@@ -97,48 +68,6 @@ def declared(spec: str) -> tuple[str, str]:
 
 def collection_version(root: Path) -> str:
     return json.loads((root / "MANIFEST.json").read_text())["collection_info"]["version"]
-
-
-def bundled_collections() -> Path:
-    """ansible_collections of the pinned `ansible` package in .venv."""
-    return Path(importlib.util.find_spec("ansible_collections").submodule_search_locations[0])
-
-
-def build(source: Path, work: Path, name: str) -> Path:
-    """The collection in source built into work: its tarball."""
-    version = yaml.safe_load((source / "galaxy.yml").read_text())["version"]
-    env = consumer_env(work / name)
-    run([BIN / "ansible-galaxy", "collection", "build", "--output-path", work, source],
-        cwd=work, env=env, log=f"collection-{name}-build.log")
-    return work / f"labhub-cnpa-{version}.tar.gz"
-
-
-def install(tarball: Path, work: Path, name: str, dependencies: dict[str, Path],
-            bin_dir: Path = BIN) -> SimpleNamespace:
-    """tarball installed offline, by bin_dir's ansible-galaxy, into work/name, its dependencies
-    copied first from the directories given (no Galaxy here)."""
-    consumer = work / f"{name}-consumer"
-    consumer.mkdir()
-    path = work / name
-    env = consumer_env(path, bin_dir)
-    for dependency, copy in dependencies.items():
-        namespace, dep = dependency.split(".")
-        shutil.copytree(copy, path / "ansible_collections" / namespace / dep, symlinks=True)
-    text = run([bin_dir / "ansible-galaxy", "collection", "install", "--offline", "-p", path,
-                tarball], cwd=consumer, env=env, log=f"collection-{name}-install.log")
-    version = re.search(r"labhub-cnpa-(.+)\.tar\.gz$", tarball.name)[1]
-    assert f"labhub.cnpa:{version} was installed successfully" in text, text
-    return SimpleNamespace(tarball=tarball, path=path, consumer=consumer, env=env, version=version,
-                           bin=bin_dir, root=path / "ansible_collections" / "labhub" / "cnpa")
-
-
-def build_and_install(source: Path, work: Path, name: str) -> SimpleNamespace:
-    """The collection in source built and installed with the pinned Ansible, the dependencies its
-    galaxy.yml declares copied from the ones the `ansible` package bundles."""
-    tarball = build(source, work, name)
-    wanted = yaml.safe_load((source / "galaxy.yml").read_text()).get("dependencies") or {}
-    return install(tarball, work, name, {dep: bundled_collections() / dep.replace(".", "/")
-                                         for dep in wanted})
 
 
 def _digest(*paths: Path) -> str:

@@ -7,9 +7,13 @@ Fresh hosts, destroyed at the end; with CNPA_MULTIHOST_REUSE=1 three running hos
 are used and left running (handy while developing).
 `inventory`: an INI inventory whose group k3s holds the three hosts over real SSH.
 `cluster`: playbooks/controller.yml installed on the three (watch mode, leader election, archive
-records also as ConfigMaps), once for every module that asks for it (mhlib.Cluster); the first
-module to ask installs it, after test_lab_three_hosts.py (file order), which needs a fresh cluster.
-At the end of the session the modules' figures go to $CNPA_MULTIHOST_REPORT (mhlib.write_report).
+records also as ConfigMaps), once for every module that asks for it (mhlib.installed_cluster);
+the first module to ask installs it. Two modules have three hosts of their own (their module's
+`hosts`) and run beside the others, each a scheduling unit (tests/conftest.py's HOST_UNITS):
+test_lab_three_hosts.py (mhl-*), which needs a fresh cluster, and test_watch_chaos.py (mhc-*),
+whose N TeamSpaces and compactions would otherwise add their minutes to the shared hosts' unit,
+the longest of the run.
+At the end the figures go to $CNPA_MULTIHOST_REPORT (mhlib.write_report).
 
 Datastore: the test host's default, kine (SQLite; CNPA_TESTHOST_DATASTORE chooses another). k3s
 runs HA on an external SQL datastore through kine as well as on embedded etcd; etcd is covered
@@ -19,24 +23,11 @@ suites (about 20 minutes) would not fit CI's time.
 
 from __future__ import annotations
 
-import json
 import os
-import time
 from pathlib import Path
 
 import pytest
-from hostlib import wait_for
-from mhlib import (
-    REPORT,
-    Cluster,
-    host_names,
-    install,
-    rfc3339,
-    three_hosts,
-    unit,
-    write_inventory,
-    write_report,
-)
+from mhlib import host_names, installed_cluster, three_hosts, write_inventory
 
 
 @pytest.fixture(scope="session")
@@ -54,19 +45,5 @@ def inventory(hosts, tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def cluster(hosts, inventory):
-    since = rfc3339(time.time())
-    t0 = time.monotonic()
-    # CNPA_MULTIHOST_INSTALLED=1 (with CNPA_MULTIHOST_REUSE=1, while developing): hosts on which
-    # this playbook ran already.
-    if os.environ.get("CNPA_MULTIHOST_INSTALLED") != "1":
-        install(inventory)
-    REPORT["install_s"] = round(time.monotonic() - t0, 1)
-    for h in hosts:
-        wait_for(lambda h=h: unit(h, "ActiveState") == "active", timeout=60, interval=0.5,
-                 what=f"cnpa-op active on {h.inst.name}")
-    c = Cluster(hosts, since)
-    assert c.archive_configmaps, "the unit does not set CNPA_ARCHIVE_NAMESPACE"
-    c.leader()
-    yield c
-    path = write_report()
-    print(f"\nmulti-host measurements: {path}\n{json.dumps(REPORT, indent=2)}")
+    with installed_cluster(hosts, inventory) as c:
+        yield c

@@ -38,8 +38,9 @@ CONTROL_PLANE = ("kube-controller-manager.service", "kube-apiserver.service", "k
                  "etcd.service")
 
 
-def host_names(var: str = "CNPA_MULTIHOST_HOSTS") -> list[str]:
-    names = [n.strip() for n in os.environ.get(var, ",".join(DEFAULT_NAMES)).split(",") if n.strip()]
+def host_names(var: str = "CNPA_MULTIHOST_HOSTS", default: tuple[str, ...] | list[str] = ()) -> list[str]:
+    names = [n.strip() for n in os.environ.get(var, ",".join(default or DEFAULT_NAMES)).split(",")
+             if n.strip()]
     if len(names) != 3 or len(set(names)) != 3:
         raise AssertionError(f"{var} must name three different hosts, got {names}")
     return names
@@ -779,6 +780,38 @@ def cut_api_connections(hosts: list[Host], port: int) -> int:
 
 
 def write_report() -> Path:
+    """REPORT's keys into $CNPA_MULTIHOST_REPORT, beside the keys already there: the host sets
+    (mhp-*, the chaos module's mhc-*) end in different workers, and each adds its own tests'."""
+    import fcntl
+
     path = Path(os.environ.get("CNPA_MULTIHOST_REPORT", "/tmp/cnpa-multihost-report.json"))
-    path.write_text(json.dumps(REPORT, indent=2) + "\n")
+    with open(path.with_name(path.name + ".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            report = json.loads(path.read_text())
+        except (OSError, ValueError):
+            report = {}
+        report = (report if isinstance(report, dict) else {}) | REPORT
+        path.write_text(json.dumps(report, indent=2) + "\n")
     return path
+
+
+@contextmanager
+def installed_cluster(hosts: list[Host], inventory: Path) -> Iterator[Cluster]:
+    """playbooks/controller.yml installed on the three hosts (unless CNPA_MULTIHOST_INSTALLED=1,
+    with CNPA_MULTIHOST_REUSE=1 while developing: hosts on which it ran already), the leader
+    known; the report written at the end."""
+    since = rfc3339(time.time())
+    t0 = time.monotonic()
+    if os.environ.get("CNPA_MULTIHOST_INSTALLED") != "1":
+        install(inventory)
+    REPORT.setdefault("install_s", {})[hosts[0].inst.name] = round(time.monotonic() - t0, 1)
+    for h in hosts:
+        wait_for(lambda h=h: unit(h, "ActiveState") == "active", timeout=60, interval=0.5,
+                 what=f"cnpa-op active on {h.inst.name}")
+    c = Cluster(hosts, since)
+    assert c.archive_configmaps, "the unit does not set CNPA_ARCHIVE_NAMESPACE"
+    c.leader()
+    yield c
+    path = write_report()
+    print(f"\nmulti-host measurements: {path}\n{json.dumps(REPORT, indent=2)}")

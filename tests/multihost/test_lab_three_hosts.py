@@ -1,6 +1,6 @@
 """The lab on a three-host inventory (issue 13): site.yml over real SSH on the `inventory` hosts.
 
-Runs before test_watch_faults.py on the same hosts (file order), on a fresh cluster. site.yml
+On three hosts of its own (mhl-1..mhl-3; the other modules share mhp-*), a fresh cluster. site.yml
 (steps 1-5, then the lead moved to another host, then steps 6-8) does the cluster work and
 writes the evidence once, from the first host; reconcile.sh and
 cnpa-op.service go on every host, in watch mode (the default on several hosts: one leads, over
@@ -22,7 +22,7 @@ import subprocess
 
 import pytest
 from hostlib import ROOT, Host, wait_for
-from mhlib import holder, host_of, unit
+from mhlib import holder, host_names, host_of, three_hosts, unit, write_inventory
 
 BASE = "/root/cnpa-op"
 EVIDENCE = ("before.json", "generation.json", "reconcile.json", "drift.json", "cleanup.json",
@@ -63,6 +63,23 @@ def held_elsewhere_than(host: Host) -> str:
 
 def active_everywhere(hosts: list[Host]) -> bool:
     return all(unit(h, "ActiveState") == "active" for h in hosts)
+
+
+@pytest.fixture(scope="module")
+def hosts():
+    """Three hosts of the lab's own (mhl-1..mhl-3, CNPA_MULTIHOST_LAB_HOSTS), not the session's
+    (conftest.py): the lab needs a fresh cluster, and on hosts of its own it runs beside the
+    modules that share the installed controllers (a scheduling unit of its own:
+    tests/conftest.py's HOST_UNITS), instead of before them."""
+    if os.geteuid() != 0:
+        pytest.skip("the test hosts need root")
+    with three_hosts(host_names("CNPA_MULTIHOST_LAB_HOSTS", ("mhl-1", "mhl-2", "mhl-3"))) as hs:
+        yield hs
+
+
+@pytest.fixture(scope="module")
+def inventory(hosts, tmp_path_factory):
+    return write_inventory(hosts, tmp_path_factory.mktemp("multihost-lab") / "inventory.ini")
 
 
 @pytest.fixture(scope="module")

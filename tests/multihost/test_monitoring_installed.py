@@ -222,6 +222,19 @@ def _replace_rules(admin: Host, uid: str, rules: list[dict]) -> None:
     admin.kubectl("replace", "-f", "-", input_text=json.dumps(role))
 
 
+def _restore_rules(admin: Host, uid: str, rules: list[dict]) -> None:
+    """Put the rules back as the role applies them: server-side, as field manager cnpa-op (which
+    a replace by the admin had taken them from). Put back by a replace, they would stay the
+    admin's, and the role's next run would report a change taking them back."""
+    role = admin.get("clusterrole", CLUSTER_ROLE)
+    meta = role["metadata"]
+    assert meta["uid"] == uid and OURS.items() <= (meta.get("labels") or {}).items(), meta
+    applied = {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+               "metadata": {"name": CLUSTER_ROLE, "labels": meta["labels"]}, "rules": rules}
+    admin.kubectl("apply", "--server-side", "--field-manager=cnpa-op", "--force-conflicts",
+                  "-f", "-", input_text=json.dumps(applied))
+
+
 def _can_watch(admin: Host) -> bool:
     proc = admin.kubectl("auth", "can-i", "watch", f"teamspaces.{GROUP}", f"--as={SA_USER}",
                          check=False)
@@ -313,7 +326,7 @@ def test_never_blind_while_ready(cluster, tmp_path):
                     changes_done()
                     time.sleep(1)
             finally:
-                _replace_rules(a, uid, rules)
+                _restore_rules(a, uid, rules)
             t_back = time.time()
             out["watch_removed_s"] = round(t_back - t_removed, 1)
             assert a.get("clusterrole", CLUSTER_ROLE)["rules"] == rules

@@ -1,5 +1,6 @@
-"""Chaos at N (issue 36): the watch controller on three hosts (conftest.py's `cluster`: one API
-server on A, one Lease, archive records also as ConfigMaps) while N TeamSpaces are created,
+"""Chaos at N (issue 36): the watch controller on three hosts of this module's own (mhc-1..mhc-3,
+CNPA_MULTIHOST_CHAOS_HOSTS; installed as conftest.py's `cluster` is: one API server on A, one
+Lease, archive records also as ConfigMaps) while N TeamSpaces are created,
 changed or deleted as fast as one client sends them (bench/bulk.py, IN_FLIGHT requests at a
 time), and something breaks:
 
@@ -44,14 +45,18 @@ from mhlib import (
     controller_requests,
     epoch,
     holder,
+    host_names,
     host_of,
+    installed_cluster,
     metrics_of,
     one_writer,
     problems,
     rfc3339,
     snapshot_api,
     summed,
+    three_hosts,
     unit,
+    write_inventory,
     written_teamspaces,
 )
 
@@ -217,6 +222,28 @@ class Chaos:
         violations, takeovers = one_writer(requests, since)
         assert not violations, f"{what}: more than one writer: {violations[:10]}"
         return requests, takeovers
+
+
+@pytest.fixture(scope="module")
+def hosts():
+    """Three hosts of this module's own: on the shared ones (conftest.py) its minutes came after
+    the other modules', on the longest unit of the run; here it is a unit of its own
+    (tests/conftest.py's HOST_UNITS), in another worker."""
+    if os.geteuid() != 0:
+        pytest.skip("the test hosts need root")
+    with three_hosts(host_names("CNPA_MULTIHOST_CHAOS_HOSTS", ("mhc-1", "mhc-2", "mhc-3"))) as hs:
+        yield hs
+
+
+@pytest.fixture(scope="module")
+def inventory(hosts, tmp_path_factory):
+    return write_inventory(hosts, tmp_path_factory.mktemp("multihost-chaos") / "inventory.ini")
+
+
+@pytest.fixture(scope="module")
+def cluster(hosts, inventory):
+    with installed_cluster(hosts, inventory) as c:
+        yield c
 
 
 @pytest.fixture(scope="module")

@@ -357,7 +357,9 @@ def test_a_controller_older_than_its_first_token_leads_and_serves(cluster):
     print(report["token_outlived"])
 
 
-SOAK_SECONDS = float(os.environ.get("CNPA_SOAK_SECONDS", "300"))
+# 180 s on every commit (it was 300 until the shared hosts' unit, the run's longest, had to
+# shorten); the long form (docs/faults.md) is 1800.
+SOAK_SECONDS = float(os.environ.get("CNPA_SOAK_SECONDS", "180"))
 SOAK_RESYNC, SOAK_LEASE = 5, (4, 3, 1)
 FAULT_EVERY, SAMPLE_EVERY = 40.0, 10.0
 
@@ -384,7 +386,7 @@ def rss_mib(host: Host) -> dict[int, float]:
 
 def test_soak(cluster, inventory):
     """A controller's hours in minutes: controller.yml again with a resync every 5 s (60 times the
-    default) and a 4/3/1 s Lease, then for CNPA_SOAK_SECONDS (300 in CI; the long form in
+    default) and a 4/3/1 s Lease, then for CNPA_SOAK_SECONDS (180 in CI; the long form in
     docs/faults.md) a workload creates, edits and deletes TeamSpaces while, every 40 s, the
     leader's process is killed or A's API server restarted, alternately. Tokens are renewed as
     installed. Every 10 s each controller's RSS and pending retry timers are sampled. At the end:

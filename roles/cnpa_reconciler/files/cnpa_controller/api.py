@@ -227,8 +227,8 @@ class _Connection:
     def drop_idle(self) -> None:
         with self._lock:
             idle, self._idle = self._idle, []
-        for conn, _ in idle:
-            conn.close()
+        for kept in idle:
+            kept[0].close()
 
     def _new(self, timeout: float, context: ssl.SSLContext | None) -> http.client.HTTPConnection:
         proxy = urlsplit(self.target.proxy) if self.target.proxy else None

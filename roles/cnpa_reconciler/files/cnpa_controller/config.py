@@ -351,4 +351,3 @@ def log_options(env: dict, flags: dict | None = None) -> tuple[str, str]:
         raise ConfigError(f"{named('CNPA_LOG_LEVEL', flags)}={level!r}: must be one of "
                           f"{', '.join(logs.LEVELS)}")
     return fmt, level
-
