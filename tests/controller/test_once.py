@@ -152,7 +152,7 @@ def test_passes_until_finalized_then_released_say_what_the_uninstall_reads(host,
         {"name": "until-b", "uid": uids["until-b"], "deleting": False, "finalizers": [FINALIZER]},
         {"name": "until-held", "uid": uids["until-held"], "deleting": False,
          "finalizers": ["example.com/hold", FINALIZER]}]
-    # The passes' write lines went to stderr, as the bash driver sent reconcile.sh's stdout.
+    # The passes' write lines went to stderr: stdout is the one JSON line the roles read.
     assert "teamspace until-a: finalizer added" in own.stderr.splitlines()
 
     for n in names:

@@ -1,7 +1,7 @@
 """`python3 -m cnpa_controller --once --until released|finalized`: passes until the TeamSpaces
-are what the uninstall and the lab reset wait for, then one JSON line saying what they are (what
-their bash + jq drivers printed). Against a scripted list here; tests/controller/test_once.py
-runs it against a real API server."""
+are what the uninstall and the lab reset wait for, then one JSON line saying what they are (the
+roles run it as reconcile.sh --until, under the script's lock: tests/unit/test_reconcile.py).
+Against a scripted list here; tests/controller/test_once.py runs it against a real API server."""
 
 from __future__ import annotations
 
@@ -137,3 +137,18 @@ def test_an_unreachable_api_server_is_status_2_and_nothing_on_stdout(tmp_path):
                 CNPA_ARCHIVE_DIR=str(tmp_path / "archive"), CNPA_REQUEST_TIMEOUT="2s")
     assert proc.returncode == 2, proc.stderr
     assert proc.stdout == "" and "cannot list the TeamSpaces after pass 1" in proc.stderr
+
+
+def test_the_roles_name_the_finalizer_the_package_uses():
+    """The roles' one copy of the finalizer's name (roles/cnpa/vars/main.yml): every role and
+    playbook refers to it, the admission policies render it into their CEL expressions."""
+    import yaml
+
+    with open(ROOT / "roles/cnpa/vars/main.yml", encoding="utf-8") as fh:
+        assert yaml.safe_load(fh)["cnpa_finalizer"] == FINALIZER
+    package = ROOT / "roles/cnpa_reconciler/files/cnpa_controller"
+    naming = sorted(str(f.relative_to(ROOT)) for d in ("roles", "playbooks")
+                    for f in (ROOT / d).rglob("*") if f.is_file() and package not in f.parents
+                    and f.suffix in (".yml", ".yaml", ".j2", ".sh")
+                    and FINALIZER in f.read_text(encoding="utf-8"))
+    assert naming == ["roles/cnpa/vars/main.yml"]

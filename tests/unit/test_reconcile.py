@@ -7,6 +7,7 @@ server). Here the script runs as the role installs it: beside the package.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -51,9 +52,22 @@ def test_an_unreadable_api_server_is_status_2_and_nothing_written(installed, tmp
     assert run(installed, tmp_path, "--plan").returncode == 2
 
 
+USAGE = "usage: reconcile.sh [--plan | --until released|finalized [--max-passes N]]"
+
+
 @pytest.mark.parametrize("args, env, named", [
-    (["--twice"], {}, "usage: reconcile.sh [--plan]"),
-    (["--plan", "x"], {}, "usage: reconcile.sh [--plan]"),
+    (["--twice"], {}, USAGE),
+    (["--plan", "x"], {}, USAGE),
+    (["--until"], {}, USAGE),
+    (["--until", "gone"], {}, USAGE),
+    (["--until", "released", "--until", "finalized"], {}, USAGE),
+    (["--max-passes", "3"], {}, USAGE),
+    (["--until", "released", "--max-passes", "0"], {}, USAGE),
+    (["--until", "released", "--max-passes", "1001"], {}, USAGE),
+    (["--until", "released", "--max-passes"], {}, USAGE),
+    (["--plan", "--until", "released"], {}, USAGE),
+    (["--once"], {}, USAGE),
+    (["--until", "released"], {"CNPA_PASS_DEADLINE": "x"}, "CNPA_PASS_DEADLINE"),
     ([], {"CNPA_PASS_DEADLINE": "0"}, "CNPA_PASS_DEADLINE"),
     ([], {"CNPA_WORKERS": "0"}, "CNPA_WORKERS"),
     ([], {"CNPA_ARCHIVE_DIR": "relative"}, "CNPA_ARCHIVE_DIR"),
@@ -113,3 +127,58 @@ def test_passes_take_turns_and_a_pass_has_a_deadline(installed, tmp_path):
     res = run(installed, tmp_path, CNPA_PASS_DEADLINE="2", CNPA_PYTHON=str(slow))
     assert res.returncode == 124 and "deadline of 2 s" in res.stderr
     assert time.monotonic() - t0 < 20
+
+
+FAKE_MAIN = """
+import fcntl, json, os, sys
+
+def main(argv):
+    # What reconcile.sh handed over, and whether its lock was held meanwhile.
+    with open(os.environ["CNPA_LOCK_FILE"], "a") as fh:
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            held = False
+        except BlockingIOError:
+            held = True
+    print(json.dumps({"argv": list(argv), "lock_held": held}))
+    return 0
+"""
+
+
+@pytest.mark.parametrize("args, argv, deadline, env", [
+    ([], ["--once"], "60", {}),
+    (["--plan"], ["--plan"], "60", {}),
+    (["--until", "released", "--max-passes", "3"],
+     ["--once", "--until", "released", "--max-passes", "3"], "300", {}),
+    (["--max-passes", "7", "--until", "finalized"],
+     ["--once", "--until", "finalized", "--max-passes", "7"], "430", {"CNPA_PASS_DEADLINE": "5"}),
+    (["--until", "finalized"], ["--once", "--until", "finalized", "--max-passes", "20"], "1320", {}),
+])
+def test_until_hands_the_passes_to_the_package_under_one_lock_and_a_deadline_for_them(
+        installed, tmp_path, args, argv, deadline, env):
+    """--until [--max-passes N] is the package's --once --until, the lock held for the whole run
+    (a plan takes none) and the deadline N x 60 s (the package's bound) + 2 x the pass's."""
+    (installed / "cnpa_controller" / "__main__.py").write_text(FAKE_MAIN)
+    # timeout(1) as reconcile.sh calls it, its arguments written down.
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    seen = tmp_path / "timeout-args"
+    (bin_dir / "timeout").write_text(
+        f"#!/bin/sh\necho \"$2\" > {seen}\nexec {shutil.which('timeout')} \"$@\"\n")
+    (bin_dir / "timeout").chmod(0o755)
+    res = run(installed, tmp_path, *args, PATH=f"{bin_dir}:{os.environ['PATH']}", **env)
+    assert res.returncode == 0, res.stderr
+    out = json.loads(res.stdout)
+    assert out == {"argv": argv, "lock_held": argv != ["--plan"]}
+    assert seen.read_text().split() == [deadline]
+
+
+def test_the_deadline_of_until_follows_the_package_bounds():
+    """reconcile.sh computes the deadline of --until from the package's bound (no pass begun
+    after --max-passes x PASS_SECONDS) and gives the package's default --max-passes itself."""
+    from cnpa_controller.__main__ import MAX_PASSES
+    from cnpa_controller.config import PASS_SECONDS
+
+    text = (ROOT / "reconcile.sh").read_text()
+    assert f"RUN_DEADLINE=$((MAX_PASSES * {PASS_SECONDS} + 2 * DEADLINE))" in text
+    assert f"MAX_PASSES=${{MAX_PASSES:-{MAX_PASSES}}}" in text

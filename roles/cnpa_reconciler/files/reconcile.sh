@@ -21,6 +21,14 @@
 #
 # Usage: reconcile.sh          one pass
 #        reconcile.sh --plan   print the plan (JSON lines) and write nothing
+#        reconcile.sh --until released|finalized [--max-passes N]
+#                              passes until no TeamSpace holds the finalizer (released) or every
+#                              TeamSpace not being deleted holds it (finalized), at most N (1-1000,
+#                              default 20), all under one turn on the lock: the package's
+#                              `--once --until` (its --help); one JSON line on stdout (passes,
+#                              last_exit, left, teamspaces), the passes' write lines on stderr. The
+#                              deadline is N x 60 s (the package begins no pass after that) plus
+#                              twice CNPA_PASS_DEADLINE (the last pass and the list after it).
 #
 # Environment (all optional):
 #   KUBECONFIG            kubeconfig (default: ~/.kube/config, as kubectl's)
@@ -49,7 +57,8 @@
 # 3 internal error or bad setting (the message names it); 4 the archive directory is missing or
 # was replaced (the service's sandbox still sees the old one: the service loop exits on 4 so
 # that systemd restarts it with fresh mounts); 75 another pass held the lock for too long;
-# 124 the pass ran past its deadline.
+# 124 the pass ran past its deadline. With --until: 0 the JSON line printed (whatever "left"
+# names); 2 the TeamSpaces could not be listed after a pass; 3, 75 and 124 as above.
 set -euo pipefail
 
 DEADLINE="${CNPA_PASS_DEADLINE:-60}"
@@ -66,16 +75,45 @@ fi
 
 log() { printf 'reconcile: %s\n' "$*" >&2; }
 
-if [[ $# -gt 1 || ($# -eq 1 && $1 != --plan) ]]; then
-  log "usage: reconcile.sh [--plan]"
+usage() {
+  log "usage: reconcile.sh [--plan | --until released|finalized [--max-passes N]]"
   exit 3
+}
+# What the package runs: --once (one pass), --plan, or --once --until UNTIL --max-passes N.
+MODE=(--once)
+UNTIL='' MAX_PASSES=''
+if [[ $# -eq 1 && $1 == --plan ]]; then
+  MODE=(--plan)
+elif [[ $# -gt 0 ]]; then
+  while [[ $# -gt 0 ]]; do
+    case $1 in
+      --until) [[ $# -ge 2 && -z $UNTIL && ($2 == released || $2 == finalized) ]] || usage
+               UNTIL=$2 ;;
+      --max-passes) [[ $# -ge 2 && -z $MAX_PASSES && $2 =~ ^[1-9][0-9]{0,3}$ && $2 -le 1000 ]] || usage
+                    MAX_PASSES=$2 ;;
+      *) usage ;;
+    esac
+    shift 2
+  done
+  [[ -n $UNTIL ]] || usage
+  # The package's default (cnpa_controller.__main__.MAX_PASSES), given here so that the deadline
+  # below is the one of the passes the package makes.
+  MAX_PASSES=${MAX_PASSES:-20}
+  MODE=(--once --until "$UNTIL" --max-passes "$MAX_PASSES")
 fi
 if [[ ! $DEADLINE =~ ^[1-9][0-9]{0,4}$ ]]; then
   log "CNPA_PASS_DEADLINE must be 1-99999 (seconds); pass aborted"
   exit 3
 fi
+# What the run may take: one pass's deadline, or, with --until, MAX_PASSES x PASS_SECONDS
+# (cnpa_controller.config, 60 s: the package begins no pass after that), plus a pass's deadline
+# for the last one begun and as much again for the list after it. The lock is held throughout.
+RUN_DEADLINE=$DEADLINE
+if [[ -n $UNTIL ]]; then
+  RUN_DEADLINE=$((MAX_PASSES * 60 + 2 * DEADLINE))
+fi
 # A plan writes nothing: it takes no turn.
-if [[ $# -eq 0 ]]; then
+if [[ ${MODE[0]} != --plan ]]; then
   mkdir -p -- "${LOCK_FILE%/*}" 2>/dev/null || true
   if ! exec 9>>"$LOCK_FILE"; then
     log "cannot open the lock file $LOCK_FILE (set CNPA_LOCK_FILE); pass aborted"
@@ -93,7 +131,7 @@ fi
 # code first. timeout(1) stops the pass when its time is up (exit status 124), and kills it 5 s
 # later if it has not stopped.
 rc=0
-timeout --kill-after=5 "$DEADLINE" "$PYTHON" -I -c '
+timeout --kill-after=5 "$RUN_DEADLINE" "$PYTHON" -I -c '
 import sys
 sys.path.insert(0, sys.argv[1])
 try:
@@ -101,9 +139,13 @@ try:
 except Exception as exc:
     print(f"reconcile: cannot load cnpa_controller beside reconcile.sh ({exc})", file=sys.stderr)
     sys.exit(3)
-sys.exit(main(argv=sys.argv[2:]))' "$CODE" "${1:---once}" 9>&- || rc=$?
+sys.exit(main(argv=sys.argv[2:]))' "$CODE" "${MODE[@]}" 9>&- || rc=$?
 if ((rc == 124 || rc == 137)); then
-  log "the pass ran past its deadline of $DEADLINE s (CNPA_PASS_DEADLINE) and was stopped"
+  if [[ -n $UNTIL ]]; then
+    log "the passes ran past their deadline of $RUN_DEADLINE s ($MAX_PASSES x 60 s + 2 x CNPA_PASS_DEADLINE) and were stopped"
+  else
+    log "the pass ran past its deadline of $DEADLINE s (CNPA_PASS_DEADLINE) and was stopped"
+  fi
   rc=124
 fi
 exit "$rc"
