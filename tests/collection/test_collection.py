@@ -265,6 +265,56 @@ def test_a_playbook_outside_the_repository_installs_a_serving_controller(collect
     consume(collection, host, "consumer-team", "collection")
 
 
+GROUP_PLAYBOOK = """---
+- name: The collection's module_defaults group reaches its module and kubernetes.core's
+  hosts: k3s
+  gather_facts: false
+  module_defaults:
+    group/labhub.cnpa.k8s:
+      kubeconfig: "{{ kubeconfig }}"
+  roles:
+    - role: labhub.cnpa.cnpa  # a kubernetes client on the target, as the other roles have it
+  tasks:
+    - name: Measure
+      labhub.cnpa.cnpa_measure: {kind: Namespace, name: default, until: present, timeout: 20}
+      register: measured
+      ignore_errors: true
+    - name: Read
+      kubernetes.core.k8s_info: {kind: Namespace, name: default}
+      register: read
+      ignore_errors: true
+    - name: Report
+      delegate_to: localhost
+      ansible.builtin.copy:
+        dest: "{{ out }}"
+        mode: "0644"
+        content: "{{ {'measured': measured is failed, 'read': read is failed,
+                      'messages': [measured.msg | default(''), read.msg | default('')]} | to_json }}"
+"""
+
+
+def test_the_action_group_gives_its_defaults_to_cnpa_measure_and_kubernetes_core(collection, host):
+    """group/labhub.cnpa.k8s in a consumer's module_defaults: a kubeconfig that does not exist
+    fails both modules (the host's own ~/.kube/config would have served them), the real one
+    serves both."""
+    assert host.sh("test -s /root/.kube/config", check=False).returncode == 0
+    play = collection.consumer / "group.yml"
+    play.write_text(GROUP_PLAYBOOK)
+    outcome = {}
+    for kubeconfig in ("/nonexistent/group-kubeconfig", "/etc/rancher/k3s/k3s.yaml"):
+        out = collection.consumer / "group-outcome.json"
+        out.unlink(missing_ok=True)
+        run([collection.bin / "ansible-playbook", "-i", str(host.inst.inventory), play,
+             "-e", f"kubeconfig={kubeconfig}", "-e", f"out={out}"], cwd=collection.consumer,
+            env=collection.env, log="collection-group.log")
+        outcome[kubeconfig] = json.loads(out.read_text())
+    bad = outcome["/nonexistent/group-kubeconfig"]
+    assert bad["measured"] and bad["read"], bad
+    assert all("Invalid kube-config file" in m for m in bad["messages"]), bad
+    good = outcome["/etc/rancher/k3s/k3s.yaml"]
+    assert not good["measured"] and not good["read"], good
+
+
 @pytest.fixture(scope="module")
 def previous(tmp_path_factory):
     """The previous release, built from its commit as it was released."""
