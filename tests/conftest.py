@@ -20,23 +20,24 @@ import pytest
 # (unit tests, linters) is a unit of its own, after them, and serves as filler (below).
 # (Not --dist loadgroup: pytest-xdist 3.8 marks its groups in item._nodeid, which pytest 9 no
 # longer reads, so every test became a group of its own.)
-# Minutes after the control plane's build, from the clean-clone run of 2026-12-07 05:14 UTC
-# (bench/timeline.py on its .cache/test-logs/timeline.tsv, the build's wait taken off).
+# Minutes after the control plane's build, from the cold clean-clone run of 2026-12-07 12:48 UTC
+# (bench/timeline.py on its .cache/test-logs/timeline.tsv, the build's wait of about 9 minutes
+# taken off the three units that waited for it).
 UPGRADE = "tests/collection/test_collection.py::test_an_upgrade_from_the_previous_release"
 HOST_UNITS = {
-    "tests/multihost/": 32,
-    "tests/host/": 27,
-    "tests/multihost/test_lab_three_hosts.py": 22,
-    "tests/faults/": 18,
-    "tests/molecule/test_molecule.py::test_molecule_default": 17,
-    "tests/host/test_lab_reset.py": 15,
+    "tests/multihost/": 26,
+    "tests/host/": 21,
+    "tests/faults/": 16,
+    "tests/molecule/test_molecule.py::test_molecule_default": 14,
+    "tests/host/test_lab_reset.py": 13,
     UPGRADE: 12,
-    "tests/multihost/test_watch_chaos.py": 11,
-    "tests/host/test_debian12_client.py": 11,
-    "tests/controller/": 10,
-    "tests/collection/": 9,
-    "tests/molecule/test_molecule.py::test_molecule_controller": 8,
-    "tests/faults/test_watchdog.py": 6,
+    "tests/controller/": 9,
+    "tests/multihost/test_lab_three_hosts.py": 9,
+    "tests/multihost/test_watch_chaos.py": 6,
+    "tests/collection/": 5,
+    "tests/molecule/test_molecule.py::test_molecule_controller": 5,
+    "tests/faults/test_watchdog.py": 5,
+    "tests/host/test_debian12_client.py": 4,
     "tests/host/test_datastores.py": 2,
 }
 # Tests that belong to another prefix's unit: the lowest Ansible's install runs on the upgrade
