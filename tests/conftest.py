@@ -29,7 +29,7 @@ HOST_UNITS = {
     "tests/host/": 21,
     "tests/faults/": 16,
     "tests/molecule/test_molecule.py::test_molecule_default": 14,
-    "tests/host/test_lab_reset.py": 13,
+    "tests/host/test_lab_reset.py": 14,  # with the Debian 12 client's lab (tests/host/labvm.py)
     UPGRADE: 12,
     "tests/controller/": 9,
     "tests/multihost/test_lab_three_hosts.py": 9,
@@ -37,13 +37,14 @@ HOST_UNITS = {
     "tests/collection/": 5,
     "tests/molecule/test_molecule.py::test_molecule_controller": 5,
     "tests/faults/test_watchdog.py": 5,
-    "tests/host/test_debian12_client.py": 4,
     "tests/host/test_datastores.py": 2,
 }
 # Tests that belong to another prefix's unit: the lowest Ansible's install runs on the upgrade
 # test's host, after it (tests/collection/test_collection.py's upgrade_host).
 JOINED = {
     "tests/collection/test_collection.py::test_the_lowest_ansible_core_and_kubernetes_core_install": UPGRADE,
+    # On the Debian 12 lab VM that test_lab_reset.py goes on with (tests/host/labvm.py): first.
+    "tests/host/test_debian12_client.py::test_lab_on_debian12": "tests/host/test_lab_reset.py",
     # On the session's host of tests/host (its conftest.py's `host`), not the Debian 12 host.
     "tests/host/test_debian12_client.py::test_default_host_keeps_a_new_enough_distro_client": "tests/host/",
 }
