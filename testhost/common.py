@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import shutil
 import subprocess
@@ -75,24 +76,44 @@ def require_root() -> None:
 _apt_updated = False
 
 
+APT_TIMEOUT = 20 * 60
+
+
 def apt_install(packages: list[str]) -> None:
-    """Install Debian packages that are missing (dpkg-query decides), updating lists once."""
+    """Install Debian packages that are missing (dpkg-query decides), updating lists once.
+
+    One apt at a time: on a fresh machine `testhost prepare` builds kine (gcc) and both rootfs
+    (debootstrap) at once, and test workers create hosts side by side, while apt-get takes its
+    lock without waiting. So the callers queue on a lock of ours and look again once they hold it.
+    """
     global _apt_updated
+    if not _missing(packages):
+        return
+    # Machine-wide, as apt's own lock is (runs with other caches share it).
+    lock_dir = Path("/run/lock") if os.access("/run/lock", os.W_OK) else cache_dir()
+    with open(lock_dir / "cnpa-testhost-apt.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # the holder's apt-get runs are bounded below
+        missing = _missing(packages)
+        if not missing:
+            return
+        log(f"installing Debian packages: {' '.join(missing)}")
+        env = {"DEBIAN_FRONTEND": "noninteractive"}
+        if not _apt_updated:
+            run(["apt-get", "update", "-qq"], step="apt-get update", env=env, quiet=True,
+                timeout=APT_TIMEOUT)
+            _apt_updated = True
+        run(["apt-get", "install", "-y", "-qq", "--no-install-recommends", *missing],
+            step=f"apt-get install {' '.join(missing)}", env=env, quiet=True, timeout=APT_TIMEOUT)
+
+
+def _missing(packages: list[str]) -> list[str]:
     missing = []
     for pkg in packages:
         probe = subprocess.run(["dpkg-query", "-W", "-f=${Status}", pkg],
                                capture_output=True, text=True, check=False)
         if "install ok installed" not in probe.stdout:
             missing.append(pkg)
-    if not missing:
-        return
-    log(f"installing Debian packages: {' '.join(missing)}")
-    env = {"DEBIAN_FRONTEND": "noninteractive"}
-    if not _apt_updated:
-        run(["apt-get", "update", "-qq"], step="apt-get update", env=env, quiet=True)
-        _apt_updated = True
-    run(["apt-get", "install", "-y", "-qq", "--no-install-recommends", *missing],
-        step=f"apt-get install {' '.join(missing)}", env=env, quiet=True)
+    return missing
 
 
 def which_or_fail(tool: str, package: str) -> str:
