@@ -98,6 +98,11 @@ def _customise(tree: Path) -> None:
         shutil.copy2(src, dest)
         if rel.parts[:2] == ("usr", "local") or src.suffix == ".sh":
             dest.chmod(0o755)
+    # The AnsiballZ bytecode cache (files/usr/lib/python3/dist-packages/cnpa_testhost_pyc.py)
+    # trusts only a directory of root's that no one else may write.
+    pyc = tree / "var/cache/cnpa-testhost-pyc"
+    pyc.mkdir(parents=True, exist_ok=True)
+    pyc.chmod(0o755)
     # Host keys are per instance (made at create time); the ones debootstrap made are shared.
     for key in (tree / "etc/ssh").glob("ssh_host_*"):
         key.unlink()

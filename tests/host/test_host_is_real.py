@@ -169,6 +169,22 @@ def test_ansible_reaches_it_over_ssh(host):
     assert facts["ansible_facts"]["ansible_service_mgr"] == "systemd"
 
 
+def test_module_runs_reuse_their_bytecode(host):
+    """testhost's AnsiballZ bytecode cache (testhost/files/.../cnpa_testhost_pyc.py) is in use:
+    a module run stores what it compiled, the next run of the same module stores nothing new."""
+    def ping() -> list[str]:
+        proc = subprocess.run(
+            [str(ROOT / ".venv/bin/ansible"), "-i", str(host.inst.inventory), "k3s", "-m", "ping"],
+            capture_output=True, text=True, timeout=120, check=False,
+            cwd="/", env={"PATH": f"{ROOT / '.venv/bin'}:/usr/bin:/bin", "HOME": "/root"})
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        return host.sh("ls /var/cache/cnpa-testhost-pyc").stdout.split()
+
+    first = ping()
+    assert len(first) >= 20, first  # ansible.module_utils.basic and what it imports
+    assert ping() == first
+
+
 def test_strict_tls_clients_accept_the_certificates(host):
     # Python >= 3.13 verifies with VERIFY_X509_STRICT, as the kubernetes client on a lab VM
     # would; k3s's certificates pass it, so the test host's must too.
