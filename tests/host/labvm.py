@@ -97,19 +97,16 @@ def client_version(h: Host, python: str) -> str:
 
 
 def playbook(inst, playbook_path: Path | str, log: Path, *args: str,
-             timeout: float = 600) -> str:
-    """Run ansible-playbook against the host over SSH; return its output, failing on rc != 0."""
+             timeout: float = 1800) -> subprocess.CompletedProcess:
+    """ansible-playbook against the host over SSH, from the project's directory; its output in
+    the process returned and in log."""
+    env = dict(os.environ, ANSIBLE_FORCE_COLOR="0", NO_COLOR="1", ANSIBLE_NOCOLOR="1")
+    proc = subprocess.run([str(ROOT / ".venv/bin/ansible-playbook"), "-i", str(inst.inventory),
+                           str(playbook_path), *args], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=timeout, check=False)
     LOGS.mkdir(parents=True, exist_ok=True)
-    env = dict(os.environ, ANSIBLE_FORCE_COLOR="0", NO_COLOR="1", PY_COLORS="0")
-    with open(log, "w") as fh:
-        proc = subprocess.run(
-            [str(ROOT / ".venv/bin/ansible-playbook"), "-i", str(inst.inventory),
-             str(playbook_path), *args],
-            cwd=ROOT, env=env, stdout=fh, stderr=subprocess.STDOUT, timeout=timeout, check=False)
-    text = log.read_text(errors="replace")
-    tail = "\n".join(text.splitlines()[-80:])
-    assert proc.returncode == 0, f"ansible-playbook {playbook_path} failed; end of {log}:\n{tail}"
-    return text
+    log.write_text(proc.stdout + proc.stderr)
+    return proc
 
 
 def run_role(inst, tmp_path: Path, log_name: str, *args: str) -> tuple[str, dict]:
@@ -118,8 +115,9 @@ def run_role(inst, tmp_path: Path, log_name: str, *args: str) -> tuple[str, dict
     play.write_text(ROLE_PLAYBOOK)
     report = tmp_path / "report.json"
     report.unlink(missing_ok=True)
-    text = playbook(inst, play, LOGS / log_name, "-e", f"report={report}", *args)
-    return text, json.loads(report.read_text())
+    proc = playbook(inst, play, LOGS / log_name, "-e", f"report={report}", *args, timeout=600)
+    assert proc.returncode == 0, f"the role's playbook failed; end of {LOGS / log_name}:\n{tail(proc)}"
+    return proc.stdout + proc.stderr, json.loads(report.read_text())
 
 
 class LabVM(Host):
@@ -127,15 +125,9 @@ class LabVM(Host):
 
     runs = 0
 
-    def playbook(self, playbook: str, *extra: str, timeout: float = 1800) -> subprocess.CompletedProcess:
+    def playbook(self, path: str, *extra: str) -> subprocess.CompletedProcess:
         LabVM.runs += 1
-        env = dict(os.environ, ANSIBLE_FORCE_COLOR="0", NO_COLOR="1", ANSIBLE_NOCOLOR="1")
-        proc = subprocess.run([str(ROOT / ".venv/bin/ansible-playbook"), "-i", str(self.inst.inventory),
-                               playbook, *extra], cwd=ROOT, env=env, capture_output=True, text=True,
-                              timeout=timeout, check=False)
-        LOGS.mkdir(parents=True, exist_ok=True)
-        (LOGS / f"labvm-{LabVM.runs}.log").write_text(proc.stdout + proc.stderr)
-        return proc
+        return playbook(self.inst, path, LOGS / f"labvm-{LabVM.runs}.log", *extra)
 
     def controller_active(self) -> bool:
         return self.sh("systemctl is-active cnpa-op", check=False).stdout.strip() == "active"
@@ -175,7 +167,6 @@ def lab_vm(tmp_path: Path) -> Iterator[LabVM]:
     with session_host(os.environ.get("CNPA_LABVM_HOST", "pytest-labvm"), "CNPA_LABVM_REUSE",
                       unit=UNIT, suite="bookworm") as inst:
         h = LabVM(inst)
-        h.os_version = h.sh(". /etc/os-release && echo $VERSION_ID").stdout.strip()
         h.sh("apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "
              "--no-install-recommends python3-kubernetes", timeout=600)
         h.system_client = client_version(h, "/usr/bin/python3")
