@@ -158,13 +158,19 @@ def test_plain_kubectl_and_lab_tools_as_root(host):
     assert host.sh("test -s /etc/rancher/k3s/k3s.yaml").returncode == 0
 
 
-def test_ansible_reaches_it_over_ssh(host):
+def _ansible(host, *args: str) -> subprocess.CompletedProcess:
+    """An ad-hoc `ansible` run against the host over SSH, outside the project's directory (no
+    ansible.cfg of ours); fails the test unless it exits 0."""
     proc = subprocess.run(
-        [str(ROOT / ".venv/bin/ansible"), "-i", str(host.inst.inventory), "k3s", "-m", "setup",
-         "-a", "filter=ansible_service_mgr", "-o"],
+        [str(ROOT / ".venv/bin/ansible"), "-i", str(host.inst.inventory), "k3s", *args],
         capture_output=True, text=True, timeout=120, check=False,
         cwd="/", env={"PATH": f"{ROOT / '.venv/bin'}:/usr/bin:/bin", "HOME": "/root"})
     assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc
+
+
+def test_ansible_reaches_it_over_ssh(host):
+    proc = _ansible(host, "-m", "setup", "-a", "filter=ansible_service_mgr", "-o")
     facts = json.loads(proc.stdout.split("=>", 1)[1])
     assert facts["ansible_facts"]["ansible_service_mgr"] == "systemd"
 
@@ -173,11 +179,7 @@ def test_module_runs_reuse_their_bytecode(host):
     """testhost's AnsiballZ bytecode cache (testhost/files/.../cnpa_testhost_pyc.py) is in use:
     a module run stores what it compiled, the next run of the same module stores nothing new."""
     def ping() -> list[str]:
-        proc = subprocess.run(
-            [str(ROOT / ".venv/bin/ansible"), "-i", str(host.inst.inventory), "k3s", "-m", "ping"],
-            capture_output=True, text=True, timeout=120, check=False,
-            cwd="/", env={"PATH": f"{ROOT / '.venv/bin'}:/usr/bin:/bin", "HOME": "/root"})
-        assert proc.returncode == 0, proc.stdout + proc.stderr
+        _ansible(host, "-m", "ping")
         return host.sh("ls /var/cache/cnpa-testhost-pyc").stdout.split()
 
     first = ping()

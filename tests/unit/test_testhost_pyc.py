@@ -17,18 +17,24 @@ HOOK = (Path(__file__).parents[2] / "testhost/files/usr/lib/python3/dist-package
         / "cnpa_testhost_pyc.py")
 
 
-@pytest.fixture
-def hook(tmp_path, monkeypatch):
-    """The hook's module, loaded without writing bytecode beside it (the rootfs would ship it),
-    its cache in tmp_path; zipimport's own compile step is put back afterwards."""
-    monkeypatch.setattr(zipimport, "_compile_source", zipimport._compile_source)
+def _install_hook(cache: Path) -> types.ModuleType:
+    """The hook's module with its cache at `cache`, loaded without writing bytecode beside it
+    (the rootfs would ship it); loading it runs its _install()."""
     module = types.ModuleType("cnpa_testhost_pyc")
     module.__file__ = str(HOOK)
     source = HOOK.read_text().replace('CACHE = "/var/cache/cnpa-testhost-pyc"',
-                                      f'CACHE = "{tmp_path / "cache"}"')
-    (tmp_path / "cache").mkdir(mode=0o755)
-    exec(compile(source, str(HOOK), "exec"), module.__dict__)  # runs _install()
+                                      f'CACHE = "{cache}"')
+    exec(compile(source, str(HOOK), "exec"), module.__dict__)
     return module
+
+
+@pytest.fixture
+def hook(tmp_path, monkeypatch):
+    """The hook installed with its cache in tmp_path; zipimport's own compile step is put back
+    afterwards."""
+    monkeypatch.setattr(zipimport, "_compile_source", zipimport._compile_source)
+    (tmp_path / "cache").mkdir(mode=0o755)
+    return _install_hook(tmp_path / "cache")
 
 
 def _zip(path: Path, body: str) -> Path:
@@ -90,9 +96,7 @@ def test_a_directory_others_may_write_is_not_trusted(tmp_path, monkeypatch):
     before = zipimport._compile_source
     (tmp_path / "cache").mkdir()
     (tmp_path / "cache").chmod(0o777)
-    source = HOOK.read_text().replace('CACHE = "/var/cache/cnpa-testhost-pyc"',
-                                      f'CACHE = "{tmp_path / "cache"}"')
-    exec(compile(source, str(HOOK), "exec"), {"__name__": "cnpa_testhost_pyc"})
+    _install_hook(tmp_path / "cache")
     assert zipimport._compile_source is before
 
 
