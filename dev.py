@@ -31,6 +31,7 @@ commands leave on this machine"; how long each takes: docs/figures.md.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 import os
@@ -154,35 +155,43 @@ WORKERS = os.environ.get("CNPA_TEST_WORKERS") or "3"
 LOGS = ROOT / ".cache" / "test-logs"
 
 
-def test(extra: list[str], long: bool = False) -> int:
-    # One pytest run, so its closing line counts everything: unit tests, linters, the real
-    # host's properties, and `molecule test` (the lab end to end, verified against the cluster).
-    # The tests sharing a host stay together in one worker (tests/conftest.py). Meanwhile the
-    # test hosts' cache is filled in the background (testhost/prepare.py): on a fresh machine the
-    # downloads then run beside the builds, and the unit tests beside both.
+@contextlib.contextmanager
+def prepared_in_background():
+    """The test hosts' cache filled in the background (testhost/prepare.py) while the block runs.
+    testhost needs only the standard library, so it starts before the virtualenv exists: on a
+    fresh machine its downloads and compiles run beside pip's install, the unit tests beside all
+    of them. It ends with the block: a run that got as far as a test host needs it no longer, and
+    a failure of it shows in the tests that needed the piece (they make it themselves and say why
+    it failed)."""
     LOGS.mkdir(parents=True, exist_ok=True)
-    env = dict(LONG_FORMS) if long else {}
-    (LOGS / "timeline.tsv").unlink(missing_ok=True)
-    env["CNPA_TEST_TIMELINE"] = str(LOGS / "timeline.tsv")  # tests/conftest.py: each test's times
-    if long:
-        say("long forms: " + ", ".join(f"{k}={v}" for k, v in LONG_FORMS.items()))
     with open(LOGS / "prepare.log", "w") as log:
-        prepare = subprocess.Popen([str(BIN / "python"), "-m", "testhost", "prepare"], cwd=ROOT,
+        prepare = subprocess.Popen([sys.executable, "-m", "testhost", "prepare"], cwd=ROOT,
                                    stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
     try:
-        return sh([str(BIN / "pytest"), "-v", "-rfE", "--durations=10",
-                   "-n", WORKERS, "--dist", "loadscope", "--no-loadscope-reorder",
-                   "tests/unit", "tests/lint", "tests/host", "tests/controller", "tests/faults",
-                   "tests/multihost", "tests/molecule", "tests/collection", *extra], env=env)
+        yield
     finally:
-        # Long done on any run that got as far as a test host; a failure of it shows in the
-        # tests that needed the piece (they make it themselves and say why it failed).
         if prepare.poll() is None:
             prepare.terminate()
             prepare.wait(60)
         if prepare.returncode:
             say(f"preparing the test hosts' cache failed (exit {prepare.returncode}): "
                 f"{LOGS / 'prepare.log'}")
+
+
+def test(extra: list[str], long: bool = False) -> int:
+    # One pytest run, so its closing line counts everything: unit tests, linters, the real
+    # host's properties, and `molecule test` (the lab end to end, verified against the cluster).
+    # The tests sharing a host stay together in one worker (tests/conftest.py).
+    LOGS.mkdir(parents=True, exist_ok=True)
+    env = dict(LONG_FORMS) if long else {}
+    (LOGS / "timeline.tsv").unlink(missing_ok=True)
+    env["CNPA_TEST_TIMELINE"] = str(LOGS / "timeline.tsv")  # tests/conftest.py: each test's times
+    if long:
+        say("long forms: " + ", ".join(f"{k}={v}" for k, v in LONG_FORMS.items()))
+    return sh([str(BIN / "pytest"), "-v", "-rfE", "--durations=10",
+               "-n", WORKERS, "--dist", "loadscope", "--no-loadscope-reorder",
+               "tests/unit", "tests/lint", "tests/host", "tests/controller", "tests/faults",
+               "tests/multihost", "tests/molecule", "tests/collection", *extra], env=env)
 
 
 def lab_reset_args(*, own_testhost: bool, reset: bool, interactive: bool,
@@ -282,14 +291,16 @@ def main(argv: list[str] | None = None) -> int:
         sys.exit("dev.py: the test host needs root (debootstrap, systemd-nspawn, nsenter)")
     if shutil.which("apt-get") is None:
         sys.exit("dev.py: needs a Debian-family machine (apt-get)")
+    if args.command == "test":
+        with prepared_in_background():
+            setup()
+            return test(extra, long=args.long)
     if args.command in ("lab", "docs"):
         setup("requirements.lock", [])
     else:
         setup()
     if args.command == "lint":
         return lint()
-    if args.command == "test":
-        return test(extra, long=args.long)
     if args.command == "lab":
         return lab(args.destroy, args.reset, extra)
     if args.command == "docs":

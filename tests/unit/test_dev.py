@@ -3,6 +3,7 @@ asked on a terminal on a real k3s VM, never assumed without one."""
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 import sys
 
@@ -66,6 +67,8 @@ def actions(monkeypatch):
     monkeypatch.setattr(dev.os, "geteuid", lambda: 0)
     monkeypatch.setattr(dev.shutil, "which", lambda name: f"/usr/bin/{name}")
     monkeypatch.setattr(dev, "setup", lambda *a, **kw: done.append(("setup", a)))
+    monkeypatch.setattr(dev, "prepared_in_background",
+                        lambda: contextlib.nullcontext(done.append(("prepare",))))
     monkeypatch.setattr(dev, "apt_install", lambda *a: done.append(("apt_install", a)))
     monkeypatch.setattr(dev, "sh", lambda cmd, **kw: done.append(("sh", cmd)) or 0)
     monkeypatch.setattr(dev, "lint", lambda: done.append(("lint",)) or 0)
@@ -135,7 +138,8 @@ def test_check_with_lab_names_the_command_it_belongs_to(actions, capsys):
 def test_arguments_after_double_dash_are_passed_on(argv, expected, actions):
     assert dev.main(argv) == 0
     assert actions[-1] == expected
-    assert [a[0] for a in actions] == ["setup", expected[0]]
+    # The test hosts' cache starts filling before the virtualenv is made (dev.py test only).
+    assert [a[0] for a in actions] == ["prepare"] * (expected[0] == "test") + ["setup", expected[0]]
 
 
 def test_docs_check_still_compares_only(actions):
@@ -169,3 +173,16 @@ def test_no_two_test_modules_share_a_name():
         if path.name != "conftest.py" and ".venv" not in path.parts:
             names.setdefault(path.name, []).append(str(path.relative_to(dev.ROOT)))
     assert not {k: v for k, v in names.items() if len(v) > 1}
+
+
+def test_the_background_prepare_needs_no_virtualenv():
+    """dev.py test starts `python3 -m testhost prepare` with the interpreter running dev.py before
+    the virtualenv exists: every testhost module imports with no site-packages at all (-S)."""
+    code = ("import importlib, pkgutil, testhost\n"
+            "for m in pkgutil.iter_modules(testhost.__path__):\n"
+            "    importlib.import_module('testhost.' + m.name)\n"
+            "import sys; print(sorted(n for n in sys.modules if n.startswith('testhost.')))")
+    proc = subprocess.run([sys.executable, "-S", "-c", code], cwd=dev.ROOT, capture_output=True,
+                          text=True, timeout=60, check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert "testhost.prepare" in proc.stdout and "testhost.build" in proc.stdout, proc.stdout
